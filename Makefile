@@ -1,0 +1,35 @@
+# Every target sets itself up: `make setup` runs first when .venv is missing or stale.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export PYTHONUNBUFFERED := 1
+export MPLBACKEND := Agg
+
+.DEFAULT_GOAL := help
+.PHONY: help setup test lint fit-demo bench-fit
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml requirements.lock
+	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or pass PY=python3.x"; exit 1; }
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv with the pinned dependencies (requirements.lock) and the project, editable
+
+test: $(STAMP) ## ruff + the whole test suite
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP) ## ruff only
+	$(BIN)/ruff check .
+
+fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → artifacts/fit-demo/{fit.json,fit.png}
+	$(BIN)/python -m scalefit demo --out artifacts/fit-demo
+
+bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit, and a 1,000-resample bootstrap
+	$(BIN)/python -m tests.bench_fit

@@ -1,0 +1,3 @@
+from scalefit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,256 @@
+"""Command line: ``python -m scalefit fit|compare|demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from scalefit.compare import compare_fits
+from scalefit.errors import FitError
+from scalefit.fit import SigmoidFit, fit_sigmoid
+from scalefit.grids import PAPER_CMID_GRID, parse_grid
+from scalefit.powerlaw import fit_power_law
+from scalefit.uncertainty import Bootstrap, bootstrap
+
+
+def read_curves(path: str, x: str, y: str, run_col: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Read a CSV into {run: (compute, value)}; one curve when there is no run column."""
+    p = Path(path)
+    if not p.is_file():
+        raise FitError(f"{path}: no such file")
+    try:
+        df = pd.read_csv(p)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise FitError(f"{path}: not a readable CSV ({e})") from None
+    missing = [c for c in (x, y) if c not in df.columns]
+    if missing:
+        raise FitError(f"{path}: no column {', '.join(map(repr, missing))}; columns are {', '.join(df.columns)}")
+    for col in (x, y):
+        num = pd.to_numeric(df[col], errors="coerce")
+        bad = num.isna() & df[col].notna()
+        if bad.any():
+            raise FitError(
+                f"{path}: column {col!r} row {int(bad.idxmax()) + 2} is not a number: {df[col][bad.idxmax()]!r}"
+            )
+        df[col] = num
+    groups = {str(k): g for k, g in df.groupby(run_col, sort=False)} if run_col in df.columns else {p.stem: df}
+    return {k: (g[x].to_numpy(float), g[y].to_numpy(float)) for k, g in groups.items()}
+
+
+def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    cmid: Any = args.cmid_grid
+    if cmid == "paper":
+        cmid = PAPER_CMID_GRID
+    elif cmid == "auto":
+        cmid = None
+    else:
+        cmid = parse_grid(cmid, name="--cmid-grid", kind="count")
+    a_grid = parse_grid(args.a_grid, name="--a-grid", kind="step") if args.a_grid else None
+    return dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
+
+
+def _summary(name: str, f: SigmoidFit, boot: Bootstrap | None, extra: dict[str, Any]) -> str:
+    def iv(p: str) -> str:
+        if boot is None:
+            return ""
+        lo, hi = boot.interval(p)
+        return f"  [{lo:.4g}, {hi:.4g}] ({boot.level:.0%} bootstrap)"
+
+    lines = [
+        f"{name}: {f.n_points} points fitted, compute {f.compute.min():.4g}..{f.compute.max():.4g}, R0 = {f.R0:.3f}",
+        f"  A      {f.A:.3f}{iv('A')}",
+        f"  B      {f.B:.3f}{iv('B')}",
+        f"  C_mid  {f.C_mid:.4g}{iv('C_mid')}",
+        f"  SSE    {f.sse:.4g}",
+    ]
+    if "power_law" in extra:
+        pl = extra["power_law"]
+        lines.append(f"  power law A - D/C^B on the same points: A {pl['A']:.3f}, B {pl['B']:.3f}, SSE {pl['sse']:.4g}")
+    ex = f.extrapolation()
+    if ex:
+        lines.append(
+            f"  extrapolation beyond {f.fit_upto:g}: {ex['n_heldout']} held-out points, MAE {ex['mae']:.4f}; "
+            f"at {ex['final_compute']:.4g} predicted {ex['final_predicted']:.3f} vs observed "
+            f"{ex['final_observed']:.3f} (error {ex['final_error']:+.4f})"
+        )
+        if "final_interval" in extra:
+            lo, hi = extra["final_interval"]
+            lines[-1] += f", interval [{lo:.3f}, {hi:.3f}]"
+    lines += [f"  warning: {w}" for w in f.warnings]
+    return "\n".join(lines)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    curves = read_curves(args.csv, args.x, args.y, args.run_col)
+    kwargs = _fit_kwargs(args)
+    fits, boots, results, texts = {}, {}, {}, []
+    for name, (c, v) in curves.items():
+        print(f"fitting {name} ({len(c)} points)...", file=sys.stderr)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                f = fit_sigmoid(c, v, **kwargs)
+        except FitError as e:
+            raise FitError(f"{name}: {e}") from None
+        out = f.to_dict()
+        extra: dict[str, Any] = {}
+        boot = None
+        if args.bootstrap > 0:
+            boot = bootstrap(f, n_resamples=args.bootstrap, seed=args.seed)
+            out["bootstrap"] = boot.to_dict()
+            if f.extrapolation():
+                lo, hi = boot.predict_interval([f.extrapolation()["final_compute"]])
+                extra["final_interval"] = (float(lo[0]), float(hi[0]))
+                out["extrapolation"]["final_interval"] = list(extra["final_interval"])
+        if args.power_law:
+            extra["power_law"] = out["power_law"] = fit_power_law(
+                c, v, exclude_below=args.exclude_below, fit_upto=args.fit_upto
+            ).to_dict()
+        fits[name], results[name] = f, out
+        if boot is not None:
+            boots[name] = boot
+        texts.append(_summary(name, f, boot, extra))
+    summary_stream = sys.stderr if args.json == "-" else sys.stdout
+    print("\n".join(texts), file=summary_stream)
+    payload = next(iter(results.values())) if len(results) == 1 else {"runs": results}
+    _write_json(payload, args.json)
+    if args.plot:
+        from scalefit.plot import plot_fits
+
+        path = plot_fits(fits, args.plot, boots=boots, xlabel=args.x, ylabel=args.y)
+        print(f"plot written to {path}", file=summary_stream)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    curves = read_curves(args.csv, args.x, args.y, args.run_col)
+    if args.baseline not in curves:
+        raise FitError(f"--baseline {args.baseline!r} is not a run in {args.csv}; runs are {', '.join(curves)}")
+    if len(curves) < 2:
+        raise FitError(f"{args.csv} holds one curve; comparison needs a {args.run_col!r} column with several runs")
+    kwargs = _fit_kwargs(args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = {name: fit_sigmoid(c, v, **kwargs) for name, (c, v) in curves.items()}
+    base = fits[args.baseline]
+    results = {}
+    for name, f in fits.items():
+        if name == args.baseline:
+            continue
+        cmp = compare_fits(base, f, margin=args.margin, names=(args.baseline, name))
+        results[name] = cmp.to_dict()
+        print(f"{name}: {cmp.verdict}", file=sys.stderr if args.json == "-" else sys.stdout)
+    _write_json({"baseline": args.baseline, "comparisons": results}, args.json)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Fit the bundled example: synthetic curves from the paper's Table 1, two seeds each."""
+    from scalefit.synthetic import table1_frame
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    csv = out / "table1_curves.csv"
+    table1_frame(seeds=1, c_max=16_000.0, n_points=161).query(
+        "run in ['ScaleRL', 'ScaleRL-32k', 'ScaleRL-8gen', 'math+code/code']"
+    ).to_csv(csv, index=False)
+    print(f"example curves (paper App. Table 1 parameters + mean@16 noise, to 16k GPU-hours) → {csv}")
+    argv = [
+        "fit",
+        str(csv),
+        "--x",
+        "gpu_hours",
+        "--y",
+        "mean_at_16",
+        "--exclude-below",
+        "1500",
+        "--fit-upto",
+        "8000",
+        "--cmid-grid",
+        "paper",
+        "--power-law",
+        "--json",
+        str(out / "fit.json"),
+        "--plot",
+        str(out / "fit.png"),
+    ]
+    print("python -m scalefit " + " ".join(argv))
+    return main(argv)
+
+
+def _write_json(payload: dict[str, Any], dest: str | None) -> None:
+    if dest is None:
+        return
+    text = json.dumps(payload, indent=2, default=float)
+    if dest == "-":
+        print(text)
+    else:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Path(dest).write_text(text + "\n")
+        print(f"JSON written to {dest}", file=sys.stderr)
+
+
+def _add_fit_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("csv", help="CSV with one row per evaluation")
+    p.add_argument("--x", required=True, help="compute column (GPU-hours, tokens, FLOPs, ...)")
+    p.add_argument("--y", required=True, help="pass-rate column in [0, 1] (mean@16)")
+    p.add_argument("--run-col", default="run", help="column naming the curve of each row (default: run)")
+    p.add_argument("--r0", type=float, help="pass rate at zero compute (default: value at the smallest compute)")
+    p.add_argument("--exclude-below", type=float, metavar="C", help="drop points with compute < C (paper: 1.5k GPU-h)")
+    p.add_argument("--fit-upto", type=float, metavar="C", help="fit only points with compute <= C; report error beyond")
+    p.add_argument("--a-grid", metavar="LO:HI:STEP", help="A grid (default 0.45:0.80:0.005, the paper's)")
+    p.add_argument(
+        "--cmid-grid",
+        default="auto",
+        metavar="paper|auto|LO:HI:N",
+        help="C_mid grid: 'paper' = 100 values in [100, 40000] (GPU-hours); "
+        "'auto' (default) = 100 values in [C_max/100, 4 C_max]; or LO:HI:N linear",
+    )
+    p.add_argument("--json", metavar="PATH|-", help="write results as JSON (- = stdout, summary goes to stderr)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m scalefit",
+        description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to compute→pass-rate curves "
+        "with the ScaleRL paper's procedure (grid over A and C_mid, least squares for B).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("fit", help="fit each curve of a CSV", description="Fit each curve of a CSV.")
+    _add_fit_options(p)
+    p.add_argument(
+        "--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples for intervals (0 = off)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
+    p.add_argument("--power-law", action="store_true", help="also fit the power law A - D/C^B (App. A.7)")
+    p.add_argument("--plot", metavar="PATH.png", help="draw data, fits, extrapolation and bootstrap band")
+    p.set_defaults(func=cmd_fit)
+    p = sub.add_parser(
+        "compare",
+        help="compare runs against a baseline with the paper's rule",
+        description="Higher A wins unless |ΔA| <= margin; then refit at the shared A and compare B.",
+    )
+    _add_fit_options(p)
+    p.add_argument("--baseline", required=True, help="value of the run column that is the baseline")
+    p.add_argument("--margin", type=float, default=0.02, help="A margin (paper: ±0.02)")
+    p.set_defaults(func=cmd_compare)
+    p = sub.add_parser("demo", help="fit the bundled example curves", description=cmd_demo.__doc__)
+    p.add_argument("--out", default="artifacts/fit-demo", help="output folder")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

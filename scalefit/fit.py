@@ -1,0 +1,283 @@
+"""Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) the way the ScaleRL paper does.
+
+Procedure (paper §2.1, App. A.5): drop points below a compute threshold; grid-search
+A × C_mid; for each cell fit only B by least squares; keep the cell with the lowest
+sum of squared errors. All 7,100 cells are solved at once by a batched
+scan of B plus Levenberg–Marquardt (``fit_b_grid``), and the winner's B is then
+refined with ``scipy.optimize.curve_fit`` — the optimiser the paper names.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import curve_fit
+from scipy.special import expit
+
+from scalefit.curve import sigmoid
+from scalefit.errors import FitError
+from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
+from scalefit.lm import batched_lm
+
+B_BOUNDS = (1e-3, 50.0)
+B_SCAN = np.geomspace(0.02, 40.0, 80)  # ratio 1.1 between neighbours
+REFINE_SLACK = 0.05
+REFINE_MIN_CELLS = 64
+MIN_POINTS = 4
+MIN_GAIN = 0.01
+
+
+@dataclass
+class SigmoidFit:
+    """A fitted curve plus everything needed to refit, predict and check it."""
+
+    A: float
+    B: float
+    C_mid: float
+    R0: float
+    sse: float
+    compute: np.ndarray
+    value: np.ndarray
+    heldout_compute: np.ndarray
+    heldout_value: np.ndarray
+    a_grid: np.ndarray
+    cmid_grid: np.ndarray
+    exclude_below: float | None = None
+    fit_upto: float | None = None
+    warnings: list[str] = field(default_factory=list)
+    inputs: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def n_points(self) -> int:
+        return len(self.compute)
+
+    def predict(self, compute) -> np.ndarray:
+        return sigmoid(compute, self.A, self.B, self.C_mid, self.R0)
+
+    def refit(self, **overrides: Any) -> SigmoidFit:
+        """Fit the same data again with some settings changed (e.g. ``a_grid=[0.6]``)."""
+        kwargs = dict(
+            r0=self.R0,
+            exclude_below=self.exclude_below,
+            fit_upto=self.fit_upto,
+            a_grid=self.a_grid,
+            cmid_grid=self.cmid_grid,
+        )
+        kwargs.update(overrides)
+        return fit_sigmoid(*self.inputs, **kwargs)
+
+    def extrapolation(self) -> dict[str, float] | None:
+        """Error of the fit on the held-out points beyond ``fit_upto`` (None if there are none)."""
+        if len(self.heldout_compute) == 0:
+            return None
+        err = self.predict(self.heldout_compute) - self.heldout_value
+        last = int(np.argmax(self.heldout_compute))
+        return {
+            "n_heldout": int(len(err)),
+            "mae": float(np.mean(np.abs(err))),
+            "max_abs_error": float(np.max(np.abs(err))),
+            "final_compute": float(self.heldout_compute[last]),
+            "final_observed": float(self.heldout_value[last]),
+            "final_predicted": float(self.predict(self.heldout_compute[last])),
+            "final_error": float(err[last]),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "A": self.A,
+            "B": self.B,
+            "C_mid": self.C_mid,
+            "R0": self.R0,
+            "sse": self.sse,
+            "n_points": self.n_points,
+            "exclude_below": self.exclude_below,
+            "fit_upto": self.fit_upto,
+            "warnings": list(self.warnings),
+        }
+        extrap = self.extrapolation()
+        if extrap is not None:
+            out["extrapolation"] = extrap
+        return out
+
+
+def _as_float_array(x, name: str) -> np.ndarray:
+    try:
+        arr = np.asarray(x, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise FitError(f"{name} must be numbers") from None
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if len(bad):
+        raise FitError(f"{name} has {len(bad)} NaN/inf value(s), first at position {bad[0]}; drop or fix those rows")
+    return arr
+
+
+def check_curve(compute, value) -> tuple[np.ndarray, np.ndarray]:
+    """Validate one (compute, value) curve; raise FitError with a specific message."""
+    c = _as_float_array(compute, "compute")
+    v = _as_float_array(value, "value")
+    if len(c) != len(v):
+        raise FitError(f"compute has {len(c)} points but value has {len(v)}")
+    if (c < 0).any():
+        i = int(np.flatnonzero(c < 0)[0])
+        raise FitError(f"compute must be >= 0; position {i} has {c[i]:g}")
+    if ((v < 0) | (v > 1)).any():
+        i = int(np.flatnonzero((v < 0) | (v > 1))[0])
+        raise FitError(f"values are pass rates and must lie in [0, 1]; position {i} has {v[i]:g}")
+    return c, v
+
+
+def fit_b_grid(
+    log_c: np.ndarray, y: np.ndarray, r0: float, a_grid: np.ndarray, cmid_grid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Best B and SSE for every (A, C_mid) cell, shape (len(a_grid), len(cmid_grid)).
+
+    The curve's shape s = 1 / (1 + (C_mid / C)^B) does not depend on A, so for each
+    (C_mid, B) the sums S2 = sum(s^2) and S1 = sum(s * (R0 - y)) give every A's SSE at
+    once: SSE = D^2 S2 + 2 D S1 + sum((R0 - y)^2), D = A - R0. B is first scanned on a
+    fine log grid, then the promising cells are solved exactly by batched
+    Levenberg–Marquardt from their best scanned B.
+    """
+    a_grid, cmid_grid = np.asarray(a_grid, float), np.asarray(cmid_grid, float)
+    na, nc = len(a_grid), len(cmid_grid)
+    e = r0 - y
+    d = a_grid - r0
+    lr = np.log(cmid_grid)[:, None] - log_c[None, :]  # (nc, n)
+    s = expit(-B_SCAN[None, :, None] * lr[:, None, :])  # (nc, nB, n)
+    s2, s1 = np.einsum("cbn,cbn->cb", s, s), np.einsum("cbn,n->cb", s, e)
+    sse_scan = d[:, None, None] ** 2 * s2 + 2.0 * d[:, None, None] * s1 + e @ e  # (na, nc, nB)
+    best = np.argmin(sse_scan, axis=2)
+    b = B_SCAN[best].ravel()
+    sse = np.take_along_axis(sse_scan, best[..., None], axis=2).ravel()
+
+    # Only cells close to the best scanned SSE can win once B is exact.
+    k = min(REFINE_MIN_CELLS, len(sse) - 1)
+    cutoff = max(sse.min() * (1.0 + REFINE_SLACK), np.partition(sse, k)[k])
+    cells = np.flatnonzero(sse <= cutoff)
+    dd, ll = d[cells // nc, None], lr[cells % nc]
+
+    def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        sr = expit(-theta[:, :1] * ll[rows])
+        return dd[rows] * sr + e, (-dd[rows] * sr * (1.0 - sr) * ll[rows])[..., None]
+
+    theta, sse_ref = batched_lm(residuals, b[cells, None], np.array([B_BOUNDS[0]]), np.array([B_BOUNDS[1]]))
+    better = sse_ref < sse[cells]
+    b[cells[better]], sse[cells[better]] = theta[better, 0], sse_ref[better]
+    return b.reshape(na, nc), sse.reshape(na, nc)
+
+
+def _edge_warnings(a_grid, cmid_grid, ia: int, ic: int) -> list[str]:
+    out = []
+    if len(a_grid) > 1 and ia in (0, len(a_grid) - 1):
+        way = "down" if ia == 0 else "up"
+        out.append(
+            f"A = {a_grid[ia]:.3f} is at the {'lower' if ia == 0 else 'upper'} edge of the A grid "
+            f"[{a_grid[0]:.3f}, {a_grid[-1]:.3f}]; the optimum may lie outside: widen the grid {way}wards "
+            "(--a-grid LO:HI:STEP)"
+        )
+    if len(cmid_grid) > 1 and ic in (0, len(cmid_grid) - 1):
+        way = "down" if ic == 0 else "up"
+        out.append(
+            f"C_mid = {cmid_grid[ic]:.4g} is at the {'lower' if ic == 0 else 'upper'} edge of the C_mid grid "
+            f"[{cmid_grid[0]:.4g}, {cmid_grid[-1]:.4g}]; widen it {way}wards (--cmid-grid LO:HI:N)"
+        )
+    return out
+
+
+def fit_sigmoid(
+    compute,
+    value,
+    *,
+    r0: float | None = None,
+    exclude_below: float | None = None,
+    fit_upto: float | None = None,
+    a_grid=None,
+    cmid_grid=None,
+) -> SigmoidFit:
+    """Fit the ScaleRL sigmoid to one curve (or several seeds' points concatenated).
+
+    r0: pass rate at zero RL compute; default the value at the smallest compute (mean if
+      several curves share it). exclude_below: drop points with compute below this.
+    fit_upto: fit only points with compute <= this; later points are held out for
+      ``SigmoidFit.extrapolation``. a_grid: A values (default 0.450..0.800 step 0.005).
+    cmid_grid: C_mid values, ``"paper"`` for 100 linear values in [100, 40000] GPU-hours,
+      or ``None``/``"auto"`` for 100 linear values in [C_max / 100, 4 C_max] of the fitted data.
+    """
+    c_all, v_all = check_curve(compute, value)
+    if len(c_all) == 0:
+        raise FitError("no points to fit")
+    if r0 is None:
+        r0 = float(np.mean(v_all[c_all == c_all.min()]))
+    elif not 0.0 <= r0 <= 1.0:
+        raise FitError(f"r0 must lie in [0, 1], got {r0}")
+    keep = c_all > 0
+    if exclude_below is not None:
+        keep &= c_all >= exclude_below
+    held = keep & (c_all > fit_upto) if fit_upto is not None else np.zeros_like(keep)
+    use = keep & ~held
+    c, v = c_all[use], v_all[use]
+    if len(c) < MIN_POINTS:
+        raise FitError(
+            f"only {len(c)} point(s) with compute > 0"
+            + (f", >= {exclude_below:g} (--exclude-below)" if exclude_below is not None else "")
+            + (f", <= {fit_upto:g} (--fit-upto)" if fit_upto is not None else "")
+            + f"; need at least {MIN_POINTS}"
+        )
+    order = np.argsort(c)
+    tail = v[order][-max(2, len(c) // 4) :]
+    gain = float(tail.mean() - r0)
+    if gain < MIN_GAIN:
+        raise FitError(
+            f"no sigmoid gain is identifiable: the curve ends at {tail.mean():.3f} on average, "
+            f"R0 = {r0:.3f} (gain {gain:+.3f} < {MIN_GAIN}); the curve is flat or decreasing"
+        )
+
+    a_grid = PAPER_A_GRID if a_grid is None else np.atleast_1d(np.asarray(a_grid, float))
+    if isinstance(cmid_grid, str) and cmid_grid == "paper":
+        cmid_grid = PAPER_CMID_GRID
+    elif cmid_grid is None or (isinstance(cmid_grid, str) and cmid_grid == "auto"):
+        cmid_grid = auto_cmid_grid(float(c.max()))
+    else:
+        cmid_grid = np.atleast_1d(np.asarray(cmid_grid, float))
+    if (cmid_grid <= 0).any():
+        raise FitError("every C_mid grid value must be > 0")
+
+    b_cells, sse_cells = fit_b_grid(np.log(c), v, r0, a_grid, cmid_grid)
+    ia, ic = np.unravel_index(int(np.argmin(sse_cells)), sse_cells.shape)
+    A, C_mid, B, sse = float(a_grid[ia]), float(cmid_grid[ic]), float(b_cells[ia, ic]), float(sse_cells[ia, ic])
+    B, sse = _refine_b(c, v, A, C_mid, r0, B, sse)
+
+    notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+    return SigmoidFit(
+        A=A,
+        B=B,
+        C_mid=C_mid,
+        R0=float(r0),
+        sse=sse,
+        compute=c,
+        value=v,
+        heldout_compute=c_all[held],
+        heldout_value=v_all[held],
+        a_grid=a_grid,
+        cmid_grid=cmid_grid,
+        exclude_below=exclude_below,
+        fit_upto=fit_upto,
+        warnings=notes,
+        inputs=(c_all, v_all),
+    )
+
+
+def _refine_b(c, v, A, C_mid, r0, B, sse) -> tuple[float, float]:
+    """Polish the winning cell's B with ``curve_fit``; keep the grid value if that is no better."""
+    try:
+        (b_ref,), _ = curve_fit(lambda x, b: sigmoid(x, A, b, C_mid, r0), c, v, p0=[B])
+    except (RuntimeError, ValueError):
+        return B, sse
+    sse_ref = float(np.sum((sigmoid(c, A, b_ref, C_mid, r0) - v) ** 2))
+    if b_ref > 0 and sse_ref <= sse:
+        return float(b_ref), sse_ref
+    return B, sse

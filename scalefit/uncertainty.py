@@ -1,0 +1,105 @@
+"""Uncertainty: bootstrap over points, and the spread of A across seeds (paper's ±0.02)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import expit
+
+from scalefit.curve import sigmoid
+from scalefit.fit import B_BOUNDS, SigmoidFit, fit_sigmoid
+from scalefit.lm import batched_lm
+
+PARAMS = ("A", "B", "C_mid")
+
+
+@dataclass
+class Bootstrap:
+    """Parameter samples from refitting resampled points; percentile intervals."""
+
+    fit: SigmoidFit
+    samples: np.ndarray  # (n_resamples, 3): A, B, C_mid
+    level: float = 0.95
+
+    def _q(self) -> tuple[float, float]:
+        tail = (1.0 - self.level) / 2.0 * 100.0
+        return tail, 100.0 - tail
+
+    def interval(self, param: str) -> tuple[float, float]:
+        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], self._q())
+        return float(lo), float(hi)
+
+    def predict_interval(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        """Pointwise interval of the predicted pass rate at each compute value."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        A, B, Cm = (self.samples[:, i : i + 1] for i in range(3))
+        curves = sigmoid(c[None, :], A, B, Cm, self.fit.R0)
+        lo, hi = np.percentile(curves, self._q(), axis=0)
+        return lo, hi
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"level": self.level, "n_resamples": len(self.samples)}
+        for p in PARAMS:
+            out[f"{p}_interval"] = list(self.interval(p))
+        return out
+
+
+def bootstrap(fit: SigmoidFit, n_resamples: int = 1000, seed: int = 0, level: float = 0.95) -> Bootstrap:
+    """Resample the fitted points with replacement and refit A, B and C_mid on each resample.
+
+    All resamples are refitted at once (batched Levenberg–Marquardt in A, B, log C_mid,
+    started from the full-data optimum), so 1,000 resamples take well under a second.
+    A is continuous here, within [0, 1]; R0 stays fixed.
+    """
+    rng = np.random.default_rng(seed)
+    n = fit.n_points
+    idx = rng.integers(0, n, size=(n_resamples, n))
+    log_x, y, r0 = np.log(fit.compute)[idx], fit.value[idx], fit.R0
+
+    def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
+        u = lc - log_x[rows]
+        s = expit(-b * u)
+        ds = -s * (1.0 - s)
+        r = r0 + (a - r0) * s - y[rows]
+        jac = np.stack([s, (a - r0) * ds * u, (a - r0) * ds * b], axis=-1)
+        return r, jac
+
+    theta0 = np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n_resamples, 1))
+    c_lo, c_hi = np.log(fit.cmid_grid.min() / 10.0), np.log(fit.cmid_grid.max() * 10.0)
+    lower = np.array([0.0, B_BOUNDS[0], c_lo])
+    upper = np.array([1.0, B_BOUNDS[1], c_hi])
+    theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
+    theta[:, 2] = np.exp(theta[:, 2])
+    return Bootstrap(fit=fit, samples=theta, level=level)
+
+
+@dataclass
+class SeedSpread:
+    """A fitted separately for each run (seed) of one recipe."""
+
+    fits: dict[str, SigmoidFit]
+    margin: float = 0.02
+
+    @property
+    def A_values(self) -> np.ndarray:
+        return np.array([f.A for f in self.fits.values()])
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.A_values
+        return {
+            "A_by_run": {k: f.A for k, f in self.fits.items()},
+            "A_mean": float(a.mean()),
+            "A_std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+            "A_half_range": float((a.max() - a.min()) / 2.0),
+            "margin": self.margin,
+            "within_margin": bool((a.max() - a.min()) / 2.0 <= self.margin),
+        }
+
+
+def seed_spread(curves: Mapping[str, tuple[Any, Any]], margin: float = 0.02, **fit_kwargs: Any) -> SeedSpread:
+    """Fit each seed's curve on its own; the spread of A is the recipe's run-to-run noise."""
+    return SeedSpread({name: fit_sigmoid(c, v, **fit_kwargs) for name, (c, v) in curves.items()}, margin)

@@ -1,0 +1,60 @@
+"""``make bench-fit``: naive per-cell procedure vs scalefit's vectorised fit, same data and grid."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import numpy as np
+
+from scalefit import bootstrap, fit_sigmoid
+from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
+from scalefit.synthetic import TABLE1, synthetic_curve
+from tests.naive_fit import naive_fit
+
+
+def best_of(fn, repeat: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times), out
+
+
+def main() -> None:
+    cm, b, a = TABLE1["ScaleRL"]
+    compute, value = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=161, seed=0)
+    keep = compute >= 1500
+    r0 = float(value[0])
+    print(
+        f"data: ScaleRL Table 1 curve + mean@16 noise, {keep.sum()} points >= 1.5k GPU-h; "
+        f"grid {len(PAPER_A_GRID)} A x {len(PAPER_CMID_GRID)} C_mid = {len(PAPER_A_GRID) * len(PAPER_CMID_GRID)} cells"
+    )
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores")
+
+    t_naive, ref = best_of(lambda: naive_fit(compute[keep], value[keep], r0, PAPER_A_GRID, PAPER_CMID_GRID), 1)
+    fit_kw = dict(r0=r0, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+    t_fast, fit = best_of(lambda: fit_sigmoid(compute, value, **fit_kw), 5)
+    t_boot, boot = best_of(lambda: bootstrap(fit, n_resamples=1000, seed=0), 3)
+
+    same_cell = ref["A"] == fit.A and ref["C_mid"] == fit.C_mid
+    for label, t, r in (("naive reference", t_naive, ref), ("fast fit", t_fast, fit.to_dict())):
+        print(
+            f"{label:16s}: {t * 1e3:9.1f} ms  A {r['A']:.3f} C_mid {r['C_mid']:.1f} B {r['B']:.4f} SSE {r['sse']:.8g}"
+        )
+    print(
+        f"speed-up        : {t_naive / t_fast:9.1f} x   (target >= 100x); same cell: {same_cell}; "
+        f"SSE fast <= naive: {fit.sse <= ref['sse'] * (1 + 1e-9)}"
+    )
+    print(
+        f"bootstrap 1000  : {t_boot * 1e3:9.1f} ms   (target < 1000 ms)   A 95% "
+        f"[{boot.interval('A')[0]:.3f}, {boot.interval('A')[1]:.3f}]"
+    )
+    if not np.isfinite(fit.sse):
+        raise SystemExit("fit failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""scalefit: the paper's fitting procedure, its speed-ups checked against the naive reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalefit import FitError, bootstrap, compare_fits, fit_power_law, fit_sigmoid, seed_spread, sigmoid
+from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
+from scalefit.synthetic import TABLE1, synthetic_curve, table1_frame
+from tests.naive_fit import naive_fit
+
+
+@pytest.mark.parametrize("run", list(TABLE1))
+def test_recovers_table1_parameters(run):
+    cm, b, a = TABLE1[run]
+    c, v = synthetic_curve(cm, b, a, c_max=50_000.0, n_points=101, n_prompts=4000, seed=7)
+    f = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+    assert abs(f.A - a) <= 0.01
+    assert abs(f.B - b) / b < 0.25
+    assert abs(f.C_mid - cm) / cm < 0.15
+    assert pytest.approx(v[0]) == f.R0
+
+
+@pytest.mark.parametrize("run,seed", [("ScaleRL", 0), ("math+code/code", 3), ("ScaleRL-32k", 5)])
+def test_same_optimum_as_naive_procedure(run, seed):
+    cm, b, a = TABLE1[run]
+    c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=161, seed=seed)
+    keep = c >= 1500
+    ref = naive_fit(c[keep], v[keep], float(v[0]), PAPER_A_GRID, PAPER_CMID_GRID)
+    f = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+    assert (f.A, f.C_mid) == (ref["A"], ref["C_mid"])
+    assert f.sse <= ref["sse"] * (1 + 1e-9)
+    assert pytest.approx(ref["B"], rel=1e-4) == f.B
+
+
+def test_exact_curve_fits_to_zero_error():
+    c, v = synthetic_curve(2000.0, 1.5, 0.6, c_max=20_000.0, n_prompts=None)
+    f = fit_sigmoid(c, v, cmid_grid=np.linspace(500, 4000, 15))
+    assert (f.A, f.C_mid) == (0.6, 2000.0)
+    assert pytest.approx(1.5, rel=1e-6) == f.B
+    assert f.sse < 1e-20
+    assert f.predict(0.0) == pytest.approx(v[0])
+    np.testing.assert_allclose(f.predict(c), v, atol=1e-9)
+
+
+def test_bootstrap_intervals_cover_truth_and_widen_beyond_data():
+    truth = dict(C_mid=2542, B=1.92, A=0.610)
+    covered_a = covered_pred = 0
+    for seed in range(20):
+        c, v = synthetic_curve(truth["C_mid"], truth["B"], truth["A"], c_max=16_000.0, n_points=161, seed=seed)
+        f = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+        boot = bootstrap(f, n_resamples=1000, seed=0)
+        lo, hi = boot.interval("A")
+        covered_a += lo <= truth["A"] <= hi
+        (lo_in, lo_out), (hi_in, hi_out) = boot.predict_interval([4000.0, 200_000.0])
+        covered_pred += lo_in <= sigmoid(4000.0, truth["A"], truth["B"], truth["C_mid"], 0.30) <= hi_in
+        assert hi - lo < 0.03
+        assert hi_out - lo_out > hi_in - lo_in  # less certain far beyond the fitted points
+    assert covered_a >= 15 and covered_pred >= 15  # nominal 95%; R0 is fixed at a noisy first point
+
+
+def test_extrapolation_reports_error_on_held_out_points():
+    c, v = synthetic_curve(2542, 1.92, 0.610, c_max=16_000.0, n_points=161, seed=2)
+    f = fit_sigmoid(c, v, exclude_below=1500, fit_upto=8000, cmid_grid=PAPER_CMID_GRID)
+    assert f.compute.max() <= 8000
+    ex = f.extrapolation()
+    assert ex["n_heldout"] == int((c > 8000).sum())
+    assert ex["final_compute"] == 16_000.0
+    assert abs(ex["final_error"]) < 0.02 and ex["mae"] < 0.02
+    assert fit_sigmoid(c, v, exclude_below=1500).extrapolation() is None
+
+
+def test_compare_higher_asymptote_wins():
+    c1, v1 = synthetic_curve(2542, 1.92, 0.610, c_max=16_000.0, seed=1)
+    c2, v2 = synthetic_curve(11272, 1.89, 0.645, c_max=50_000.0, seed=2)
+    f1, f2 = (fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID) for c, v in ((c1, v1), (c2, v2)))
+    cmp = compare_fits(f1, f2, names=("base", "32k"))
+    assert cmp.rule == "A" and cmp.winner == "32k" and cmp.shared_A is None
+
+
+def test_compare_same_asymptote_decided_by_b():
+    c1, v1 = synthetic_curve(2542, 2.0, 0.610, c_max=16_000.0, seed=1)
+    c2, v2 = synthetic_curve(2542, 1.2, 0.600, c_max=16_000.0, seed=2)
+    f1, f2 = (fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID) for c, v in ((c1, v1), (c2, v2)))
+    cmp = compare_fits(f1, f2, names=("base", "slow"))
+    assert cmp.rule == "B" and cmp.winner == "base"
+    assert cmp.shared_A == pytest.approx((f1.A + f2.A) / 2)
+    assert cmp.B_baseline > cmp.B_candidate
+    assert "shared A" in cmp.verdict
+
+
+def test_seed_spread_matches_paper_margin():
+    curves = {f"seed{s}": synthetic_curve(2542, 1.92, 0.610, c_max=16_000.0, seed=s) for s in range(3)}
+    spread = seed_spread(curves, exclude_below=1500, cmid_grid=PAPER_CMID_GRID).to_dict()
+    assert spread["within_margin"] and spread["A_half_range"] <= 0.02
+    assert set(spread["A_by_run"]) == set(curves)
+
+
+def test_power_law_overshoots_a_saturating_curve():
+    """Paper App. A.7: a power law fitted to a saturating run predicts a far higher asymptote."""
+    c, v = synthetic_curve(11272, 1.89, 0.645, c_max=50_000.0, seed=4)
+    sig = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+    pl = fit_power_law(c, v, exclude_below=1500)
+    assert pl.A > sig.A + 0.05
+    assert sig.sse < pl.sse
+
+
+@pytest.mark.parametrize(
+    "compute,value,msg",
+    [
+        ([0, 1, 2, np.nan, 4], [0.1, 0.2, 0.3, 0.4, 0.5], "NaN/inf"),
+        ([0, 1, -2, 3, 4], [0.1, 0.2, 0.3, 0.4, 0.5], "compute must be >= 0"),
+        ([0, 1, 2, 3, 4], [0.1, 0.2, 1.3, 0.4, 0.5], r"must lie in \[0, 1\]"),
+        ([0, 1, 2, 3], [0.1, 0.2, 0.3, 0.4], "need at least 4"),
+        ([0, 1, 2, 3, 4, 5], [0.5, 0.5, 0.49, 0.5, 0.5, 0.49], "no sigmoid gain"),
+        ([0, 1, 2, 3, 4, 5], [0.5, 0.45, 0.4, 0.35, 0.3, 0.25], "no sigmoid gain"),
+        ([0, 1, 2], [0.1, 0.2], "3 points but value has 2"),
+    ],
+)
+def test_bad_input_gets_clear_error(compute, value, msg):
+    with pytest.raises(FitError, match=msg):
+        fit_sigmoid(compute, value)
+
+
+def test_exclusion_leaving_too_few_points_names_the_option():
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, n_points=17)
+    with pytest.raises(FitError, match="--exclude-below"):
+        fit_sigmoid(c, v, exclude_below=14_000)
+
+
+def test_optimum_at_grid_edge_warns_with_direction():
+    c, v = synthetic_curve(2542, 1.92, 0.90, c_max=16_000.0, n_prompts=None)
+    with pytest.warns(UserWarning, match="upper edge of the A grid.*upwards"):
+        f = fit_sigmoid(c, v, cmid_grid=PAPER_CMID_GRID)
+    assert PAPER_A_GRID[-1] == f.A and f.warnings
+
+
+def test_auto_cmid_grid_handles_any_compute_unit():
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=3)
+    flops = c * 3.6e18  # the same curve against FLOPs
+    f = fit_sigmoid(flops, v, exclude_below=1500 * 3.6e18)
+    assert abs(f.A - 0.61) <= 0.01
+    assert abs(f.C_mid / 3.6e18 - 2542) / 2542 < 0.2
+
+
+def _run_cli(*args, check=True):
+    return subprocess.run([sys.executable, "-m", "scalefit", *args], capture_output=True, text=True, check=check)
+
+
+def test_cli_fit_json_on_stdout_and_plot(tmp_path):
+    csv = tmp_path / "curves.csv"
+    table1_frame(c_max=16_000.0, n_points=81).query("run in ['ScaleRL', 'ScaleRL-8gen']").to_csv(csv, index=False)
+    png = tmp_path / "fit.png"
+    out = _run_cli(
+        "fit",
+        str(csv),
+        "--x",
+        "gpu_hours",
+        "--y",
+        "mean_at_16",
+        "--exclude-below",
+        "1500",
+        "--fit-upto",
+        "8000",
+        "--cmid-grid",
+        "paper",
+        "--bootstrap",
+        "200",
+        "--json",
+        "-",
+        "--plot",
+        str(png),
+    )
+    res = json.loads(out.stdout)["runs"]
+    assert set(res) == {"ScaleRL", "ScaleRL-8gen"}
+    for key in ("A", "B", "C_mid", "R0", "sse", "bootstrap", "extrapolation"):
+        assert key in res["ScaleRL"]
+    assert abs(res["ScaleRL"]["A"] - 0.61) <= 0.02
+    assert "A " in out.stderr and png.stat().st_size > 10_000
+
+
+def test_cli_single_curve_gives_flat_json(tmp_path):
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
+    csv = tmp_path / "one.csv"
+    pd.DataFrame({"hours": c, "pass": v}).to_csv(csv, index=False)
+    res = json.loads(_run_cli("fit", str(csv), "--x", "hours", "--y", "pass", "--bootstrap", "0", "--json", "-").stdout)
+    assert {"A", "B", "C_mid", "R0", "sse"} <= set(res)
+    assert res["R0"] == pytest.approx(v[0])
+
+
+def test_cli_errors_are_messages_not_tracebacks(tmp_path):
+    csv = tmp_path / "bad.csv"
+    pd.DataFrame({"hours": [0, 1, 2, 3, 4], "pass": [0.1, 0.2, 0.3, 2.0, 0.5]}).to_csv(csv, index=False)
+    r = _run_cli("fit", str(csv), "--x", "hours", "--y", "reward", check=False)
+    assert r.returncode == 2 and "no column 'reward'" in r.stderr and "Traceback" not in r.stderr
+    r = _run_cli("fit", str(csv), "--x", "hours", "--y", "pass", check=False)
+    assert r.returncode == 2 and "[0, 1]" in r.stderr and "Traceback" not in r.stderr
+    r = _run_cli("fit", str(tmp_path / "missing.csv"), "--x", "a", "--y", "b", check=False)
+    assert r.returncode == 2 and "no such file" in r.stderr
+
+
+def test_cli_compare(tmp_path):
+    frames = []
+    for name, (cm, b, a), seed in (("base", (2542, 2.0, 0.61), 1), ("variant", (2542, 1.2, 0.60), 2)):
+        c, v = synthetic_curve(cm, b, a, c_max=16_000.0, seed=seed)
+        frames.append(pd.DataFrame({"run": name, "h": c, "m": v}))
+    csv = tmp_path / "cmp.csv"
+    pd.concat(frames).to_csv(csv, index=False)
+    out = _run_cli(
+        "compare",
+        str(csv),
+        "--x",
+        "h",
+        "--y",
+        "m",
+        "--baseline",
+        "base",
+        "--exclude-below",
+        "1500",
+        "--cmid-grid",
+        "paper",
+        "--json",
+        "-",
+    )
+    cmp = json.loads(out.stdout)["comparisons"]["variant"]
+    assert cmp["rule"] == "B" and cmp["winner"] == "base"
+
+
+def test_sigmoid_is_r0_at_zero_and_a_at_infinity():
+    assert sigmoid(0.0, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.2)
+    assert sigmoid(1e12, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.6)
+    assert sigmoid(100.0, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.4)
