@@ -1,0 +1,168 @@
+"""The embedded base model: a small Llama built from a config and warm-started by SFT.
+
+No model hub is reachable, so the project makes its own "SFT checkpoint before RL":
+a decoder-only Llama (untied LM head, so the FP32-head axis applies) in a few named
+sizes, trained with TRL's ``SFTTrainer`` on the task's imperfect demonstrations.
+The result is a standard Hugging Face directory (``AutoModelForCausalLM`` /
+``AutoTokenizer``), cached under a hash of everything that determines it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from datasets import Dataset, disable_progress_bars
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+from runners.evaluation import evaluate
+from runners.tasks import ArithmeticTask
+from runners.tokenizer import build_tokenizer
+
+BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes what gets built
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    sft_steps: int
+    sft_batch: int
+    sft_lr: float
+
+
+SIZES: dict[str, ModelSize] = {
+    "tiny": ModelSize(hidden=64, layers=2, heads=4, intermediate=128, sft_steps=150, sft_batch=32, sft_lr=3e-3),
+    "small": ModelSize(hidden=128, layers=3, heads=4, intermediate=384, sft_steps=700, sft_batch=64, sft_lr=2e-3),
+    "medium": ModelSize(hidden=384, layers=6, heads=6, intermediate=1536, sft_steps=1500, sft_batch=256, sft_lr=1e-3),
+}
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("PRL_CACHE", "artifacts")) / "base-models"
+
+
+def build_key(size: str, task: ArithmeticTask) -> str:
+    spec = {"size": asdict(SIZES[size]), "task": task.to_dict(), "version": BUILD_VERSION}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def base_model_path(size: str, task: ArithmeticTask, cache_dir: Path | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / f"{size}-{build_key(size, task)}"
+
+
+def ensure_base_model(
+    size: str = "small",
+    task: ArithmeticTask | None = None,
+    cache_dir: Path | None = None,
+    *,
+    eval_prompts: int = 100,
+    log=print,
+) -> Path:
+    """Return the cached base model for (size, task), building it first if missing."""
+    if size not in SIZES:
+        raise ValueError(f"model size {size!r} is not one of {', '.join(SIZES)}")
+    task = task or ArithmeticTask()
+    path = base_model_path(size, task, cache_dir)
+    if (path / "build_info.json").is_file():
+        return path
+    log(f"building base model '{size}' for {task} → {path}")
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    info = _build(size, task, tmp, eval_prompts=eval_prompts, log=log)
+    (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)  # atomic: a crash mid-build leaves no half-written cache entry
+    log(
+        f"base model ready: mean@16 {info['val']['mean_at_k']:.3f}, pass@16 {info['val']['pass_at_k']:.3f} "
+        f"({info['seconds']:.0f} s)"
+    )
+    return path
+
+
+def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log) -> dict:
+    t0 = time.perf_counter()
+    spec = SIZES[size]
+    torch.manual_seed(task.seed)
+    disable_progress_bars()
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        intermediate_size=spec.intermediate,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    train, val = task.splits()
+    rng = random.Random(f"demo-{task.seed}")
+    demos = Dataset.from_list(
+        [{"prompt": r["prompt"], "completion": task.demonstration(r["problem"], rng)} for r in train]
+    )
+    args = SFTConfig(
+        output_dir=str(out / "sft"),
+        max_steps=spec.sft_steps,
+        per_device_train_batch_size=spec.sft_batch,
+        learning_rate=spec.sft_lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, spec.sft_steps // 20),
+        weight_decay=0.0,
+        logging_steps=max(1, spec.sft_steps // 10),
+        save_strategy="no",
+        report_to="none",
+        seed=task.seed,
+        bf16=False,
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=demos, processing_class=tokenizer)
+    trainer.train()
+    shutil.rmtree(out / "sft", ignore_errors=True)
+    model = trainer.model
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    metrics = evaluate(model, tokenizer, val[:eval_prompts], max_new_tokens=task.max_completion_chars())
+    log(f"  SFT {spec.sft_steps} steps; validation on {min(eval_prompts, len(val))} prompts: {metrics}")
+    return {
+        "size": size,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "task": task.to_dict(),
+        "key": build_key(size, task),
+        "val": metrics,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None):
+    """Load any local Hugging Face checkpoint with its tokenizer; clear errors for missing pieces."""
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"model {p}: no such directory")
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"model {p}: no config.json, not a Hugging Face checkpoint")
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise FileNotFoundError(f"model {p}: no tokenizer (tokenizer.json / tokenizer_config.json) in the checkpoint")
+    tokenizer = AutoTokenizer.from_pretrained(str(p))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype)
+    return model, tokenizer

@@ -1,0 +1,76 @@
+"""Validation pass rates: mean@k (the paper's mean@16), pass@k and the format-error rate."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from runners.rewards import REWARDS, is_well_formed
+
+
+@torch.no_grad()
+def evaluate(
+    model,
+    tokenizer,
+    rows: Sequence[dict],
+    *,
+    samples: int = 16,
+    max_new_tokens: int = 64,
+    batch_prompts: int = 32,
+    temperature: float = 1.0,
+    reward: str = "exact_match",
+    seed: int = 0,
+) -> dict[str, float]:
+    """Sample ``samples`` completions per prompt (batched) and score them.
+
+    mean_at_k: average over prompts of the fraction of correct samples.
+    pass_at_k: fraction of prompts with at least one correct sample.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    score = REWARDS[reward]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rng_state = torch.random.get_rng_state()
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    correct_frac, any_correct, well_formed, n_tokens = [], [], 0, 0
+    t0 = time.perf_counter()
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        for start in range(0, len(rows), batch_prompts):
+            chunk = rows[start : start + batch_prompts]
+            enc = tokenizer([r["prompt"] for r in chunk], return_tensors="pt", padding=True).to(device)
+            out = model.generate(
+                **enc,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new_tokens,
+                num_return_sequences=samples,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            )
+            completion_ids = out[:, enc["input_ids"].shape[1] :]
+            n_tokens += int((completion_ids != tokenizer.pad_token_id).sum())
+            texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+            answers = [r["answer"] for r in chunk for _ in range(samples)]
+            scores = torch.tensor(score([None] * len(texts), texts, answer=answers)).view(len(chunk), samples) > 0
+            correct_frac += scores.float().mean(1).tolist()
+            any_correct += scores.any(1).float().tolist()
+            well_formed += sum(is_well_formed(t) for t in texts)
+    finally:
+        tokenizer.padding_side = padding_side
+        torch.random.set_rng_state(rng_state)
+        model.train(was_training)
+    n = len(rows) * samples
+    return {
+        "mean_at_k": sum(correct_frac) / len(rows),
+        "pass_at_k": sum(any_correct) / len(rows),
+        "format_error_rate": 1.0 - well_formed / n,
+        "completion_tokens": float(n_tokens),
+        "sequences": float(n),
+        "seconds": time.perf_counter() - t0,
+    }
