@@ -123,7 +123,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         lr_scheduler_type="cosine",
         warmup_steps=max(1, spec.sft_steps // 20),
         weight_decay=0.0,
-        logging_steps=max(1, spec.sft_steps // 10),
+        logging_strategy="no",
         save_strategy="no",
         report_to="none",
         seed=task.seed,

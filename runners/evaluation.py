@@ -41,7 +41,8 @@ def evaluate(
     try:
         for start in range(0, len(rows), batch_prompts):
             chunk = rows[start : start + batch_prompts]
-            enc = tokenizer([r["prompt"] for r in chunk], return_tensors="pt", padding=True).to(device)
+            texts = [_prompt_text(tokenizer, r["prompt"]) for r in chunk]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             out = model.generate(
                 **enc,
                 do_sample=True,
@@ -74,3 +75,10 @@ def evaluate(
         "sequences": float(n),
         "seconds": time.perf_counter() - t0,
     }
+
+
+def _prompt_text(tokenizer, prompt) -> str:
+    """Plain prompts pass through; conversational ones go through the model's chat template."""
+    if isinstance(prompt, list):
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return prompt

@@ -46,6 +46,16 @@ class ArithmeticTask:
             raise ValueError(f"task: demo_error_rate must be in [0, 1), got {self.demo_error_rate}")
         if self.n_val < 1 or self.n_train < 1:
             raise ValueError("task: n_train and n_val must be >= 1")
+        if self.n_val > self.space_size() // 2:
+            raise ValueError(
+                f"task: n_val = {self.n_val} leaves too few distinct problems for training "
+                f"({self.space_size()} exist); lower n_val or widen max_operand / max_operands"
+            )
+
+    def space_size(self) -> int:
+        """How many distinct problems the task can produce."""
+        n, ops = self.max_operand + 1, len(set(self.ops))
+        return sum(n**k * ops ** (k - 1) for k in range(self.min_operands, self.max_operands + 1))
 
     def _problem(self, rng: random.Random) -> str:
         k = rng.randint(self.min_operands, self.max_operands)

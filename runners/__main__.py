@@ -1,0 +1,3 @@
+from runners.cli import main
+
+raise SystemExit(main())

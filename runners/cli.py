@@ -1,0 +1,81 @@
+"""Command line: ``python -m runners plan|train|base-model``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from runners.recipe import RecipeError, load_recipe, parse_override
+
+
+def _recipe(args: argparse.Namespace):
+    return load_recipe(args.recipe, dict(parse_override(s) for s in args.set or []))
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from runners.plan import format_plan
+
+    print(format_plan(_recipe(args)))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    recipe = _recipe(args)
+    from runners.train import train
+
+    run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name}-seed{recipe.train.seed}")
+    print(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}", flush=True)
+    t0 = time.perf_counter()
+    final = train(recipe, run_dir, log=lambda m: print(m, flush=True))
+    print(
+        f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "
+        f"{final['compute/gpu_hours']:.4f} device-hours"
+    )
+    return 0
+
+
+def cmd_base_model(args: argparse.Namespace) -> int:
+    from runners.basemodel import ensure_base_model
+    from runners.data import task_of
+
+    recipe = _recipe(args)
+    if recipe.model.size is None:
+        raise RecipeError("base-model: this recipe uses model.path, there is nothing to build")
+    t0 = time.perf_counter()
+    path = ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
+    print(f"{path} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m runners", description="RL runs of ScaleRL-style recipes on TRL.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func, help_: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help_, description=help_)
+        sp.add_argument("recipe", help="recipe file or name in experiments/recipes (e.g. scalerl)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a recipe key, e.g. --set algorithm.loss=dapo (repeatable)",
+        )
+        sp.set_defaults(func=func)
+        return sp
+
+    add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments")
+    t = add("train", cmd_train, "run one recipe end to end (resumes from its last checkpoint)")
+    t.add_argument("--run-dir", help="output folder (default artifacts/runs/NAME-seedS)")
+    add("base-model", cmd_base_model, "build (or find cached) the embedded base model of a recipe")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (RecipeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

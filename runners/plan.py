@@ -1,0 +1,128 @@
+"""The batch plan (seeds 000 and 003): what a recipe's batch shape means, and TRL's arguments for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runners.recipe import Recipe
+
+LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.trainer
+ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
+
+
+def trl_args(r: Recipe) -> dict[str, Any]:
+    """GRPOConfig keyword arguments for a recipe (one process; TRL multiplies by world size)."""
+    a = r.algorithm
+    grad_accum = r.mini_batch // r.batch.micro_batch
+    eps_low, eps_high = {
+        "cispo": (0.2, a.cispo_epsilon_max),  # CISPO uses only epsilon_high (= ε_max)
+        "dapo": a.dapo_epsilon,
+        "gspo": a.gspo_epsilon,
+    }[a.loss]
+    return {
+        "loss_type": LOSS_TYPES[a.loss],
+        "importance_sampling_level": "sequence" if a.loss == "gspo" else "token",
+        "epsilon": eps_low,
+        "epsilon_high": eps_high,
+        "cast_lm_head_to_fp32": a.fp32_lm_head,
+        "scale_rewards": ADVANTAGE[a.advantage_norm],
+        "num_generations": r.batch.generations,
+        "per_device_train_batch_size": r.batch.micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "steps_per_generation": r.rollouts // r.batch.micro_batch,
+        "num_iterations": r.batch.epochs,
+        "max_completion_length": r.max_completion_tokens,
+        "temperature": r.train.temperature,
+        "top_p": 1.0,
+        "top_k": 0,
+        "beta": 0.0,
+        "learning_rate": r.optim.lr,
+        "adam_epsilon": r.optim.adam_epsilon,
+        "weight_decay": r.optim.weight_decay,
+        "warmup_steps": r.optim.warmup_steps,
+        "max_grad_norm": r.optim.max_grad_norm,
+        "lr_scheduler_type": "constant_with_warmup",
+        "max_steps": r.train.steps,
+        "seed": r.train.seed,
+        "bf16": r.model.dtype == "bfloat16",
+    }
+
+
+def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
+    """(quantity, value, how it is set in TRL) rows of the batch plan."""
+    t = trl_args(r)
+    b = r.batch
+    updates = r.updates_per_generation * b.epochs
+    return [
+        (
+            "prompts per step",
+            f"{b.prompts}",
+            f"generation_batch_size / num_generations = {r.rollouts} / {b.generations}",
+        ),
+        ("generations per prompt", f"{b.generations}", f"num_generations = {b.generations}"),
+        (
+            "rollouts per step (prompts x generations)",
+            f"{b.prompts} x {b.generations} = {r.rollouts}",
+            f"per_device_train_batch_size x steps_per_generation = {b.micro_batch} x {t['steps_per_generation']}",
+        ),
+        (
+            "mini-batch (completions per optimizer update)",
+            f"{r.mini_batch}",
+            f"per_device_train_batch_size x gradient_accumulation_steps = {b.micro_batch} x "
+            f"{t['gradient_accumulation_steps']} (x world size)",
+        ),
+        (
+            "optimizer updates per step (rollouts / mini-batch x epochs)",
+            f"{r.rollouts} / {r.mini_batch} x {b.epochs} = {updates}",
+            f"steps_per_generation / gradient_accumulation_steps x num_iterations = "
+            f"{t['steps_per_generation']} / {t['gradient_accumulation_steps']} x {t['num_iterations']}",
+        ),
+        (
+            "gradient-accumulation steps (mini-batch / micro-batch)",
+            f"{r.mini_batch} / {b.micro_batch} = {t['gradient_accumulation_steps']}",
+            f"gradient_accumulation_steps = {t['gradient_accumulation_steps']}",
+        ),
+        (
+            "micro-batch (completions per forward/backward) — sets GPU memory",
+            f"{b.micro_batch} x up to {r.max_completion_tokens} completion tokens",
+            f"per_device_train_batch_size = {b.micro_batch}, max_completion_length = {t['max_completion_length']}",
+        ),
+        (
+            "off-policy algorithm",
+            f"{r.algorithm.off_policy}" + (f"-{r.algorithm.off_policy_k}" if r.algorithm.off_policy == "ppo" else ""),
+            "steps_per_generation > gradient_accumulation_steps means PPO-off-policy (stale mini-batches)",
+        ),
+        ("optimizer steps in the run", f"{r.train.steps}", f"max_steps = {r.train.steps}"),
+        (
+            "completions generated in the run",
+            f"{r.train.steps // updates * r.rollouts if updates else 0}",
+            "max_steps / updates per step x rollouts",
+        ),
+    ]
+
+
+def format_plan(r: Recipe) -> str:
+    rows = plan_lines(r)
+    w1 = max(len(q) for q, _, _ in rows)
+    w2 = max(len(v) for _, v, _ in rows)
+    out = [f"Batch plan for recipe {r.name!r}", ""]
+    out += [f"  {q:<{w1}}  {v:<{w2}}  ← {how}" for q, v, how in rows]
+    a = r.algorithm
+    out += [
+        "",
+        "  Algorithm → TRL:",
+        f"    loss {a.loss} → loss_type={trl_args(r)['loss_type']!r}, importance_sampling_level="
+        f"{trl_args(r)['importance_sampling_level']!r}, epsilon={trl_args(r)['epsilon']}, "
+        f"epsilon_high={trl_args(r)['epsilon_high']}",
+        f"    aggregation {a.aggregation} → per-completion advantage weights (runners.trainer)",
+        f"    advantage_norm {a.advantage_norm} → scale_rewards={trl_args(r)['scale_rewards']!r}",
+        f"    fp32_lm_head {a.fp32_lm_head} → cast_lm_head_to_fp32={a.fp32_lm_head}"
+        + (" (no-op: the model trains in float32)" if r.model.dtype == "float32" and a.fp32_lm_head else ""),
+        f"    zero_variance_filter {a.zero_variance_filter}, sampling {a.sampling}"
+        + (f" (threshold {a.npr_threshold})" if a.sampling == "no_positive_resampling" else ""),
+        f"    length control {r.length.control} → max_completion_length={r.max_completion_tokens}",
+        "",
+        "  Memory: activations grow with micro-batch x (prompt + completion length); the optimizer state",
+        "  with the parameter count. Lower batch.micro_batch first (more accumulation steps, same math).",
+    ]
+    return "\n".join(out)

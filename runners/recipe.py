@@ -1,0 +1,410 @@
+"""Recipes: readable YAML files turned into typed, validated config objects.
+
+A recipe may ``inherit`` another recipe (a path, or a name in ``experiments/recipes``)
+and override a few keys. Everything is checked at load time — unknown keys, wrong
+types, impossible combinations, batch shapes that do not divide — with a message
+that names the key, the value and the fix, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
+INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot run as written; the message says which key and how to fix it."""
+
+
+@dataclass
+class ModelConfig:
+    size: str | None = "small"  # embedded base model: tiny | small | medium
+    path: str | None = None  # or any local Hugging Face checkpoint directory
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+@dataclass
+class TaskConfig:
+    min_operands: int = 2
+    max_operands: int = 4
+    max_operand: int = 9
+    ops: str = "+-"
+    demo_error_rate: float = 0.3
+    n_train: int = 20_000
+    n_val: int = 200
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # JSONL with problem/answer fields; None = the embedded task
+    val_path: str | None = None  # held-out JSONL; None = a disjoint split of `path`
+    problem_field: str = "problem"
+    answer_field: str = "answer"
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0})
+
+
+@dataclass
+class AlgorithmConfig:
+    loss: Literal["cispo", "dapo", "gspo"] = "cispo"
+    cispo_epsilon_max: float = 5.0
+    dapo_epsilon: tuple[float, float] = (0.2, 0.28)
+    gspo_epsilon: tuple[float, float] = (3e-3, 4e-3)
+    fp32_lm_head: bool = True
+    aggregation: Literal["prompt", "sample", "token"] = "prompt"
+    advantage_norm: Literal["batch", "prompt", "none"] = "batch"
+    zero_variance_filter: bool = True
+    sampling: Literal["no_positive_resampling", "uniform"] = "no_positive_resampling"
+    npr_threshold: float = 0.9
+    off_policy: Literal["pipeline", "ppo"] = "pipeline"
+    off_policy_k: int = 8
+
+
+@dataclass
+class LengthConfig:
+    control: Literal["interruption", "penalty", "none"] = "interruption"
+    max_tokens: int = 64  # L_max: completion budget for `penalty` and `none`
+    think_budget: tuple[int, int] = (24, 40)  # interruption: thinking budget drawn per completion
+    answer_budget: int = 16  # interruption: tokens allowed after the phrase
+    interruption_phrase: str = INTERRUPTION_PHRASE
+    penalty_cache: int = 16  # DAPO soft overlong punishment L_cache
+
+
+@dataclass
+class BatchConfig:
+    prompts: int = 16  # prompts per generation step
+    generations: int = 16  # completions per prompt
+    micro_batch: int = 64  # completions per forward/backward pass (sets memory)
+    epochs: int = 1  # passes over each generated batch (TRL num_iterations)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-4
+    adam_epsilon: float = 1e-15
+    weight_decay: float = 0.01
+    warmup_steps: int = 5
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 150  # optimizer steps
+    seed: int = 0
+    temperature: float = 1.0
+    save_every: int = 25  # checkpoint cadence (optimizer steps)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 25  # optimizer steps between validation evaluations
+    prompts: int = 100
+    samples: int = 16
+    batch_prompts: int = 32
+
+
+@dataclass
+class Recipe:
+    name: str = "unnamed"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    length: LengthConfig = field(default_factory=LengthConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    # --- derived batch shape -------------------------------------------------
+    @property
+    def rollouts(self) -> int:
+        return self.batch.prompts * self.batch.generations
+
+    @property
+    def updates_per_generation(self) -> int:
+        return self.algorithm.off_policy_k if self.algorithm.off_policy == "ppo" else 1
+
+    @property
+    def mini_batch(self) -> int:
+        return self.rollouts // self.updates_per_generation
+
+    @property
+    def max_completion_tokens(self) -> int:
+        """Longest completion generation can produce (interruptions add the phrase and answer budget)."""
+        ln = self.length
+        if ln.control == "interruption":
+            return ln.think_budget[1] + len(ln.interruption_phrase) + ln.answer_budget
+        return ln.max_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """Dotted keys → values, e.g. {"algorithm.loss": "cispo", ...} (MLflow params)."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, obj: Any) -> None:
+            if isinstance(obj, dict) and prefix.split(".")[-1] != "reward":
+                for k, v in obj.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                out[prefix] = obj
+
+        walk("", self.to_dict())
+        return out
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(_plain(self.to_dict()), sort_keys=False)
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+# --- loading -----------------------------------------------------------------
+
+
+def _resolve_recipe_path(ref: str, base: Path | None) -> Path:
+    candidates = [Path(ref)]
+    if base is not None:
+        candidates.insert(0, base.parent / ref)
+    candidates += [RECIPES_DIR / ref, RECIPES_DIR / f"{ref}.yaml"]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    known = ", ".join(sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
+    raise RecipeError(f"recipe {ref!r} not found (looked in {RECIPES_DIR}; known recipes: {known})")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "reward":
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def raw_recipe(ref: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The merged mapping of a recipe file and the files it inherits from."""
+    path = _resolve_recipe_path(str(ref), _seen[-1] if _seen else None)
+    if path in _seen:
+        raise RecipeError(f"{path}: inheritance cycle through {' → '.join(p.name for p in _seen)}")
+    data = _read_yaml(path)
+    parent = data.pop("inherit", None)
+    if parent is None:
+        return data
+    return _deep_merge(raw_recipe(parent, (*_seen, path)), data)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"algorithm.loss=dapo"`` → ("algorithm.loss", "dapo"); the value is parsed as YAML."""
+    if "=" not in text:
+        raise RecipeError(f"override {text!r}: expected KEY=VALUE, e.g. algorithm.loss=dapo")
+    key, value = text.split("=", 1)
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError:
+        return key.strip(), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    data = _deep_merge(data, {})
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            child = node.get(p)
+            if child is None:
+                child = node[p] = {}
+            if not isinstance(child, dict):
+                raise RecipeError(f"override {dotted}: {p!r} is a value, not a section")
+            node = child
+        node[leaf] = value
+    return data
+
+
+def load_recipe(ref: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    """Load, inherit, override and validate a recipe."""
+    data = apply_overrides(raw_recipe(ref), overrides or {})
+    recipe = _build(Recipe, data, "")
+    validate(recipe)
+    return recipe
+
+
+def recipe_from_dict(data: dict[str, Any]) -> Recipe:
+    recipe = _build(Recipe, data, "")
+    validate(recipe)
+    return recipe
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where or 'recipe'}: expected a section (mapping), got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise RecipeError(f"unknown key {dotted!r}{hint} Valid keys here: {', '.join(names)}")
+        kwargs[key] = _coerce(hints[key], value, dotted)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, where)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise RecipeError(f"{where} = {value!r} is not allowed; choose one of: {', '.join(map(str, choices))}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise RecipeError(f"{where} = {value!r}: expected a list of {len(args)} numbers, e.g. {list(args)}")
+        return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RecipeError(f"{where} = {value!r}: expected a mapping, e.g. {{exact_match: 1.0}}")
+        return {str(k): _coerce(float, v, f"{where}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RecipeError(f"{where} = {value!r}: expected true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RecipeError(f"{where} = {value!r}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads "3e-4" (no dot) as a string
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecipeError(f"{where} = {value!r}: expected a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise RecipeError(f"{where} = {value!r}: expected a string")
+        return value
+    raise RecipeError(f"{where}: unsupported type {tp}")  # pragma: no cover - schema bug
+
+
+# --- validation ----------------------------------------------------------------
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise RecipeError(msg)
+
+
+def validate(r: Recipe) -> None:
+    """Cross-field checks; each message names the key, the value and the fix."""
+    from runners.basemodel import SIZES  # noqa: PLC0415 - avoid importing torch for parsing alone
+    from runners.rewards import REWARDS  # noqa: PLC0415
+
+    m, a, ln, b = r.model, r.algorithm, r.length, r.batch
+    _require(
+        (m.size is None) != (m.path is None),
+        f"model: set exactly one of model.size (embedded: {', '.join(SIZES)}) or model.path (a local checkpoint); "
+        f"got size={m.size!r}, path={m.path!r}",
+    )
+    _require(m.size is None or m.size in SIZES, f"model.size = {m.size!r}: choose one of {', '.join(SIZES)}")
+    _require(bool(r.data.reward), "data.reward: name at least one reward, e.g. {exact_match: 1.0}")
+    for name, w in r.data.reward.items():
+        _require(name in REWARDS, f"data.reward.{name}: unknown reward; choose from {', '.join(REWARDS)}")
+        _require(w > 0, f"data.reward.{name} = {w}: weights must be > 0")
+    _require(a.cispo_epsilon_max > 0, f"algorithm.cispo_epsilon_max = {a.cispo_epsilon_max}: must be > 0 (paper: 4-8)")
+    for key, (lo, hi) in (("dapo_epsilon", a.dapo_epsilon), ("gspo_epsilon", a.gspo_epsilon)):
+        _require(0 < lo < 1 and hi > 0, f"algorithm.{key} = {[lo, hi]}: need 0 < low < 1 and high > 0")
+    _require(0 < a.npr_threshold <= 1, f"algorithm.npr_threshold = {a.npr_threshold}: must be in (0, 1]")
+    _require(a.off_policy_k >= 1, f"algorithm.off_policy_k = {a.off_policy_k}: must be >= 1")
+    _require(b.prompts >= 1, f"batch.prompts = {b.prompts}: must be >= 1")
+    _require(
+        b.generations >= 2,
+        f"batch.generations = {b.generations}: GRPO needs >= 2 completions per prompt to form an advantage",
+    )
+    _require(b.micro_batch >= 1 and b.epochs >= 1, "batch.micro_batch and batch.epochs must be >= 1")
+    if a.off_policy == "ppo":
+        _require(
+            r.rollouts % a.off_policy_k == 0,
+            f"algorithm.off_policy_k = {a.off_policy_k} does not divide the {r.rollouts} rollouts per step "
+            f"(batch.prompts {b.prompts} x batch.generations {b.generations}); PPO-off-policy-k splits them "
+            "into k mini-batches: pick k that divides it",
+        )
+    _require(
+        r.mini_batch % b.micro_batch == 0,
+        f"batch.micro_batch = {b.micro_batch} does not divide the mini-batch of {r.mini_batch} completions per "
+        f"optimizer update ({r.rollouts} rollouts / {r.updates_per_generation} update(s)); "
+        f"use a divisor such as {_divisor_hint(r.mini_batch, b.micro_batch)}",
+    )
+    if ln.control == "interruption":
+        lo, hi = ln.think_budget
+        _require(0 < lo <= hi, f"length.think_budget = {[lo, hi]}: need 0 < low <= high")
+        _require(ln.answer_budget > 0, f"length.answer_budget = {ln.answer_budget}: must be > 0")
+        _require(bool(ln.interruption_phrase), "length.interruption_phrase: must not be empty")
+    else:
+        _require(ln.max_tokens > 0, f"length.max_tokens = {ln.max_tokens}: must be > 0")
+    if ln.control == "penalty":
+        _require(
+            0 < ln.penalty_cache < ln.max_tokens,
+            f"length.penalty_cache = {ln.penalty_cache}: must be in (0, length.max_tokens = {ln.max_tokens})",
+        )
+    o, t, e = r.optim, r.train, r.eval
+    _require(o.lr > 0, f"optim.lr = {o.lr}: must be > 0")
+    _require(t.steps >= 1, f"train.steps = {t.steps}: must be >= 1")
+    _require(t.temperature > 0, f"train.temperature = {t.temperature}: must be > 0")
+    _require(t.save_every >= 1, f"train.save_every = {t.save_every}: must be >= 1")
+    _require(
+        e.every >= 1 and e.prompts >= 1 and e.samples >= 1, "eval.every, eval.prompts and eval.samples must be >= 1"
+    )
+    if r.data.path is None:
+        _require(
+            e.prompts <= r.data.task.n_val,
+            f"eval.prompts = {e.prompts} exceeds data.task.n_val = {r.data.task.n_val}; "
+            "raise n_val or lower eval.prompts",
+        )
+
+
+def _divisor_hint(n: int, near: int) -> int:
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: (abs(d - near), d))

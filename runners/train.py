@@ -1,0 +1,242 @@
+"""One RL run of a recipe on TRL, with validation mean@16 against compute.
+
+``train(recipe, run_dir)`` builds (or loads) the model, the data and the
+``ScaleRLTrainer``, evaluates mean@16 on held-out prompts at step 0 and every
+``eval.every`` optimizer steps, and records each evaluation with the compute spent so
+far. A killed run resumes from its last checkpoint; evaluations already recorded are not
+recorded twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset, disable_progress_bars
+from transformers import TrainerCallback, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig
+from trl.rewards import get_soft_overlong_punishment
+
+from runners.basemodel import ensure_base_model, load_model_and_tokenizer
+from runners.data import load_rows, task_of
+from runners.evaluation import evaluate
+from runners.plan import trl_args
+from runners.recipe import Recipe
+from runners.rewards import REWARDS
+from runners.trainer import ScaleRLTrainer
+
+STATE_FILE = "prl_state.json"
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+def reward_setup(recipe: Recipe) -> tuple[list, list[float]]:
+    funcs = [REWARDS[name] for name in recipe.data.reward]
+    weights = list(recipe.data.reward.values())
+    if recipe.length.control == "penalty":
+        funcs.append(get_soft_overlong_punishment(recipe.length.max_tokens, recipe.length.penalty_cache))
+        weights.append(1.0)
+    return funcs, weights
+
+
+class Progress(TrainerCallback):
+    """Validation mean@16 at step 0 and every ``eval.every`` steps, logged with compute so far.
+
+    Compute excludes evaluation time: ``compute/gpu_hours`` is training wall time x devices
+    (device-hours; on CPU, process-hours), ``compute/tokens`` counts prompt + completion
+    tokens of every generated batch, ``compute/flops`` estimates (2 + 6 x epochs) x params x tokens.
+    """
+
+    def __init__(self, recipe: Recipe, val_rows: list[dict], run_dir: Path, sinks: list[MetricsSink], log) -> None:
+        self.recipe, self.val, self.run_dir, self.sinks, self.log = recipe, val_rows, run_dir, sinks, log
+        self.metrics_path = run_dir / "metrics.jsonl"
+        self.logged_steps = _logged_steps(self.metrics_path)
+        self.train_seconds = 0.0
+        self.eval_seconds = 0.0
+        self.best = -1.0
+        self._tick = None
+        self.trainer: ScaleRLTrainer | None = None
+        self.n_params = 0
+
+    # state that must survive a resume
+    def state_dict(self) -> dict[str, Any]:
+        t = self.trainer
+        return {
+            "train_seconds": self.train_seconds,
+            "eval_seconds": self.eval_seconds,
+            "best": self.best,
+            "compute_tokens": t.compute_tokens,
+            "pass_history": {str(k): v for k, v in t.pass_history.items()},
+            "dropped": sorted(t.dropped),
+        }
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        t = self.trainer
+        self.train_seconds, self.eval_seconds, self.best = s["train_seconds"], s["eval_seconds"], s["best"]
+        t.compute_tokens = s["compute_tokens"]
+        t.pass_history.update({int(k): v for k, v in s["pass_history"].items()})
+        t.dropped.update(s["dropped"])
+
+    def compute(self) -> dict[str, float]:
+        devices = max(1, self.trainer.accelerator.num_processes)
+        epochs = self.recipe.batch.epochs
+        tokens = float(self.trainer.compute_tokens)
+        return {
+            "compute/gpu_hours": self.train_seconds * devices / 3600.0,
+            "compute/tokens": tokens,
+            "compute/flops": (2.0 + 6.0 * epochs) * self.n_params * tokens,
+            "compute/train_seconds": self.train_seconds,
+        }
+
+    def _evaluate(self, step: int, model) -> None:
+        if step in self.logged_steps:
+            return
+        t0 = time.perf_counter()
+        e = self.recipe.eval
+        m = evaluate(
+            model,
+            self.trainer.processing_class,
+            self.val,
+            samples=e.samples,
+            max_new_tokens=self.recipe.max_completion_tokens,
+            batch_prompts=e.batch_prompts,
+            temperature=self.recipe.train.temperature,
+            reward=next(iter(self.recipe.data.reward)),
+            seed=step,
+        )
+        self.eval_seconds += time.perf_counter() - t0
+        record = {
+            "val/mean_at_16": m["mean_at_k"],
+            "val/pass_at_16": m["pass_at_k"],
+            "val/format_error_rate": m["format_error_rate"],
+            "val/seconds": m["seconds"],
+            "val/sequences_per_second": m["sequences"] / max(m["seconds"], 1e-9),
+            **self.compute(),
+            "time/eval_seconds_total": self.eval_seconds,
+        }
+        if self.trainer.accelerator.is_main_process:
+            with self.metrics_path.open("a") as fh:
+                fh.write(json.dumps({"step": step, **record}) + "\n")
+            for sink in self.sinks:
+                sink(record, step)
+            if m["mean_at_k"] > self.best:
+                self.best = m["mean_at_k"]
+                best_dir = self.run_dir / "best"
+                shutil.rmtree(best_dir, ignore_errors=True)
+                model.save_pretrained(str(best_dir))
+                self.trainer.processing_class.save_pretrained(str(best_dir))
+                (best_dir / "best.json").write_text(json.dumps({"step": step, "val/mean_at_16": self.best}) + "\n")
+        self.logged_steps.add(step)
+        self.log(
+            f"[{self.recipe.name}] step {step:>5}/{self.recipe.train.steps}  mean@16 {m['mean_at_k']:.3f}  "
+            f"pass@16 {m['pass_at_k']:.3f}  format-err {m['format_error_rate']:.3f}  "
+            f"train {self.train_seconds:.0f}s  eval {m['seconds']:.1f}s"
+        )
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        self._tick = time.perf_counter()
+        if state.global_step == 0:
+            self._evaluate(0, model)
+            self._tick = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kw):
+        now = time.perf_counter()
+        self.train_seconds += now - self._tick
+        step = state.global_step
+        if step % self.recipe.eval.every == 0 or step == state.max_steps:
+            self._evaluate(step, model)
+        self._tick = time.perf_counter()
+
+    def on_save(self, args, state, control, **kw):
+        ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if ckpt.is_dir() and self.trainer.accelerator.is_main_process:
+            (ckpt / STATE_FILE).write_text(json.dumps(self.state_dict()))
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and self.trainer.accelerator.is_main_process:
+            train_logs = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+            for sink in self.sinks:
+                sink({f"train/{k}": v for k, v in train_logs.items()}, state.global_step)
+
+
+def _logged_steps(path: Path) -> set[int]:
+    if not path.is_file():
+        return set()
+    steps = set()
+    for line in path.read_text().splitlines():
+        try:
+            steps.add(int(json.loads(line)["step"]))
+        except (ValueError, KeyError):
+            continue  # a line cut short by a crash
+    return steps
+
+
+def prepare_model(recipe: Recipe, log=print):
+    if recipe.model.path is not None:
+        path = Path(recipe.model.path)
+    else:
+        path = ensure_base_model(recipe.model.size, task_of(recipe), log=log)
+    dtype = torch.bfloat16 if recipe.model.dtype == "bfloat16" else torch.float32
+    return load_model_and_tokenizer(path, torch_dtype=dtype)
+
+
+def train(
+    recipe: Recipe,
+    run_dir: str | Path,
+    *,
+    sinks: list[MetricsSink] | None = None,
+    log=print,
+    extra_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) one recipe; returns the final evaluation and compute."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
+    disable_progress_bars()
+    set_seed(recipe.train.seed)
+    model, tokenizer = prepare_model(recipe, log=log)
+    train_rows, val_rows = load_rows(recipe, tokenizer)
+    ckpt_dir = run_dir / "checkpoints"
+    funcs, weights = reward_setup(recipe)
+    args = GRPOConfig(
+        output_dir=str(ckpt_dir),
+        **trl_args(recipe),
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=recipe.train.save_every,
+        save_total_limit=2,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        reward_weights=weights,
+        **(extra_args or {}),
+    )
+    progress = Progress(recipe, val_rows, run_dir, sinks or [], log)
+    trainer = ScaleRLTrainer(
+        model=model,
+        args=args,
+        reward_funcs=funcs,
+        train_dataset=Dataset.from_list(train_rows),
+        processing_class=tokenizer,
+        callbacks=[progress],
+        recipe=recipe,
+    )
+    progress.trainer = trainer
+    progress.n_params = sum(p.numel() for p in trainer.model.parameters())
+    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
+    if last is not None and (Path(last) / STATE_FILE).is_file():
+        progress.load_state_dict(json.loads((Path(last) / STATE_FILE).read_text()))
+        log(f"[{recipe.name}] resuming from {last}")
+    else:
+        last = None
+    trainer.train(resume_from_checkpoint=last)
+    final = {"val/best_mean_at_16": progress.best, **progress.compute()}
+    (run_dir / "done.json").write_text(json.dumps(final, indent=2) + "\n")
+    return final

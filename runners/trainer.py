@@ -1,0 +1,189 @@
+"""``ScaleRLTrainer``: TRL's ``GRPOTrainer`` plus the ScaleRL design axes TRL lacks.
+
+TRL provides the losses (CISPO, DAPO, GSPO via sequence-level ratios), the FP32 LM head,
+advantage normalisation (``scale_rewards``), PPO-off-policy-k (``steps_per_generation``)
+and the soft overlong punishment. This subclass adds, through TRL's own extension
+points and without copying its code:
+
+- loss aggregation ``prompt`` / ``sample`` / ``token``: TRL's token-level normaliser is
+  kept (loss types ``cispo`` and ``dapo``) and each completion's advantage is scaled by
+  a positive weight so that the sum equals the wanted average. Both losses are linear in
+  a positive advantage scale, so this is exact;
+- zero-variance filtering: prompts whose rewards are all equal leave the loss and its
+  normaliser (their completion mask is zeroed); the batch shrinks, no resampling;
+- No-Positive-Resampling: pass-rate history per prompt, gathered across processes, feeds
+  the sampler in ``runners.sampling``;
+- interruptions: generation stops at a thinking budget drawn per completion; if
+  ``</think>`` was not written by then, the interruption phrase is appended and the model
+  writes its answer within an answer budget;
+- metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOTrainer
+
+from runners.recipe import Recipe
+from runners.sampling import NoPositiveResamplingSampler
+
+
+def find_subsequence(seq: list[int], sub: list[int]) -> int | None:
+    n = len(sub)
+    for i in range(len(seq) - n + 1):
+        if seq[i : i + n] == sub:
+            return i
+    return None
+
+
+def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """True for each prompt whose ``group_size`` rewards are all equal (no learning signal)."""
+    grouped = rewards.view(-1, group_size)
+    return (grouped.amax(1) - grouped.amin(1)).abs() < 1e-6
+
+
+def aggregation_weights(lengths: torch.Tensor, keep: torch.Tensor, group_size: int, mode: str) -> torch.Tensor:
+    """Per-completion weights that turn a token-sum / total-tokens loss into the wanted average.
+
+    With loss = sum_i w_i sum_t l_it / N (N = kept tokens):
+    ``token``  → w = 1: mean over all tokens;
+    ``sample`` → w_i = N / (n_kept * L_i): mean over completions of their token mean;
+    ``prompt`` → w_i = N / (n_kept_prompts * L_group(i)): mean over prompts of the token mean of
+    all their completions (ScaleRL's prompt-level average). Dropped completions weigh 0.
+    """
+    lengths = lengths.float()
+    total = (lengths * keep).sum()
+    if mode == "sample":
+        weight = total / (keep.sum().clamp(min=1) * lengths.clamp(min=1))
+    elif mode == "prompt":
+        group_tokens = (lengths * keep).view(-1, group_size).sum(1).repeat_interleave(group_size)
+        n_prompts = keep.view(-1, group_size)[:, 0].sum().clamp(min=1)
+        weight = total / (n_prompts * group_tokens.clamp(min=1))
+    elif mode == "token":
+        weight = torch.ones_like(lengths)
+    else:
+        raise ValueError(f"unknown aggregation {mode!r}")
+    return torch.where(keep, weight, torch.zeros_like(weight))
+
+
+class ScaleRLTrainer(GRPOTrainer):
+    def __init__(self, *args: Any, recipe: Recipe, **kwargs: Any) -> None:
+        self.recipe = recipe
+        self.pass_history: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # prompt_id → [correct, seen]
+        self.dropped: set[int] = set()
+        self._last_rewards: torch.Tensor | None = None
+        self._rng = random.Random(recipe.train.seed)
+        self.compute_tokens = 0
+        super().__init__(*args, **kwargs)
+        tok = self.processing_class
+        ln = recipe.length
+        self._phrase_ids = tok(ln.interruption_phrase, add_special_tokens=False)["input_ids"]
+        self._think_close_ids = tok("</think>", add_special_tokens=False)["input_ids"]
+
+    # --- No-Positive-Resampling ---------------------------------------------------
+    def _get_train_sampler(self, dataset=None):
+        if self.recipe.algorithm.sampling == "uniform":
+            return super()._get_train_sampler(dataset)
+        dataset = self.train_dataset if dataset is None else dataset
+        return NoPositiveResamplingSampler(
+            data_source=dataset,
+            mini_repeat_count=self.num_generations,
+            batch_size=self.args.generation_batch_size // self.num_generations,
+            repeat_count=self.num_iterations * self.args.steps_per_generation,
+            shuffle=self.shuffle_dataset,
+            seed=self.args.seed,
+            dropped=self.dropped,
+        )
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        if self.model.training:
+            ids = gather_object([x["prompt_id"] for x in inputs])
+            passed = (rewards_per_func[:, 0] > 0).tolist()  # the first reward is the accuracy reward
+            for pid, ok in zip(ids, passed, strict=True):
+                hist = self.pass_history[pid]
+                hist[0] += int(ok)
+                hist[1] += 1
+            if self.recipe.algorithm.sampling == "no_positive_resampling":
+                thr = self.recipe.algorithm.npr_threshold
+                self.dropped.update(p for p in set(ids) if self.pass_history[p][0] >= thr * self.pass_history[p][1])
+                self._metrics["train"]["npr/dropped_prompts"].append(float(len(self.dropped)))
+        return rewards_per_func
+
+    # --- zero-variance filtering and loss aggregation -----------------------------
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.model.training:
+            return out
+        algo, g = self.recipe.algorithm, self.num_generations
+        device = out["advantages"].device
+        zero_var = zero_variance_groups(self._last_rewards.to(device), g)
+        keep = (~zero_var if algo.zero_variance_filter else torch.ones_like(zero_var)).repeat_interleave(g)
+        n_local = out["advantages"].shape[0]
+        local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
+
+        mask = out["completion_mask"] * keep[local].unsqueeze(1).to(out["completion_mask"].dtype)
+        out["completion_mask"] = mask
+        lengths = self.accelerator.gather(mask.sum(1))  # every process's completions, in order
+        out["num_items_in_batch"] = lengths.sum()
+        weight = aggregation_weights(lengths, keep, g, algo.aggregation)
+        out["advantages"] = out["advantages"] * weight[local].to(out["advantages"].dtype)
+
+        self.compute_tokens += int(self.accelerator.gather(out["prompt_mask"].sum() + mask.sum()).sum())
+        m = self._metrics["train"]
+        m["filter/zero_variance_frac"].append(zero_var.float().mean().item())
+        m["filter/effective_prompts"].append(float(keep.view(-1, g)[:, 0].sum()))
+        return out
+
+    # --- PPO-off-policy-k staleness ----------------------------------------------
+    def _prepare_inputs(self, generation_batch):
+        out = super()._prepare_inputs(generation_batch)
+        if self.model.training:
+            ga = self.args.gradient_accumulation_steps
+            cycle = self.args.steps_per_generation * self.num_iterations
+            if self._step % ga == 0:
+                self._metrics["train"]["off_policy/staleness"].append(float((self._step % cycle) // ga))
+        return out
+
+    # --- interruptions -------------------------------------------------------------
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        ln = self.recipe.length
+        if ln.control != "interruption" or not self.model.training:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        lo, hi = ln.think_budget
+        self.generation_config.max_new_tokens = hi
+        try:
+            completions, _ = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+            budgets = [self._rng.randint(lo, hi) for _ in completions]
+            todo: list[tuple[int, list[int]]] = []
+            interrupted = 0
+            for i, (c, budget) in enumerate(zip(completions, budgets, strict=True)):
+                ended = bool(c) and c[-1] in self.eos_token_ids
+                close = find_subsequence(c, self._think_close_ids)
+                if close is not None and close + len(self._think_close_ids) <= budget:
+                    if not ended:
+                        todo.append((i, c))  # thinking closed in time; let the answer finish
+                elif not (ended and len(c) <= budget):
+                    todo.append((i, c[:budget] + self._phrase_ids))  # budget hit: interrupt
+                    interrupted += 1
+            if todo:
+                self.generation_config.max_new_tokens = ln.answer_budget
+                tails, _ = super()._generate_single_turn(
+                    [prompt_ids[i] + prefix for i, prefix in todo], images, multimodal_fields, num_generations
+                )
+                for (i, prefix), tail in zip(todo, tails, strict=True):
+                    completions[i] = prefix + tail
+        finally:
+            self.generation_config.max_new_tokens = self.max_completion_length
+        self._metrics["train"]["length/interruption_rate"].append(interrupted / max(1, len(completions)))
+        return completions, None

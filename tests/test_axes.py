@@ -1,0 +1,305 @@
+"""Each design axis against a hand-computed reference on small tensors, through the real trainer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig
+
+from runners.basemodel import load_model_and_tokenizer
+from runners.plan import trl_args
+from runners.recipe import recipe_from_dict
+from runners.sampling import NoPositiveResamplingSampler
+from runners.train import reward_setup
+from runners.trainer import ScaleRLTrainer, aggregation_weights, zero_variance_groups
+
+G = 4  # generations per prompt in these tests
+
+
+def make_recipe(**sections):
+    base = {
+        "name": "axis-test",
+        "model": {"size": "tiny"},
+        "batch": {"prompts": 2, "generations": G, "micro_batch": 8},
+        "length": {"control": "none", "max_tokens": 12},
+        "train": {"steps": 1},
+        "eval": {"prompts": 2, "every": 1},
+    }
+    for k, v in sections.items():
+        base[k] = {**base.get(k, {}), **v}
+    return recipe_from_dict(base)
+
+
+class ScriptedReward:
+    """Returns preset rewards in order, so advantages can be computed by hand."""
+
+    __name__ = "scripted"
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def __call__(self, prompts, completions, **kw):
+        out, self.values = self.values[: len(completions)], self.values[len(completions) :]
+        return out
+
+
+def make_trainer(model_dir, recipe, tmp_path, reward_funcs=None, dtype=torch.float32):
+    model, tok = load_model_and_tokenizer(model_dir, torch_dtype=dtype)
+    rows = [{"prompt": f"Q: {i}+1\n", "answer": str(i + 1), "prompt_id": i} for i in range(8)]
+    funcs, weights = reward_setup(recipe)
+    if reward_funcs is not None:
+        funcs, weights = reward_funcs, [1.0] * len(reward_funcs)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        **trl_args(recipe),
+        report_to="none",
+        use_cpu=True,
+        reward_weights=weights,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    return ScaleRLTrainer(
+        model=model,
+        args=args,
+        reward_funcs=funcs,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tok,
+        recipe=recipe,
+    )
+
+
+def scored_batch(trainer, rewards):
+    """Generate for 2 prompts x G completions with scripted rewards; returns TRL's output dict."""
+    trainer.reward_funcs[0].values = list(rewards)
+    inputs = [{"prompt": f"Q: {p}+1\n", "answer": str(p + 1), "prompt_id": p} for p in (0, 1) for _ in range(G)]
+    trainer.model.train()
+    return trainer._generate_and_score_completions(inputs)
+
+
+# --- advantage normalisation ------------------------------------------------------
+
+REWARDS = [1.0, -1.0, -1.0, -1.0, 1.0, 1.0, -1.0, 1.0]
+
+
+def expected_advantages(rewards, norm):
+    r = torch.tensor(rewards)
+    g = r.view(-1, G)
+    centred = (g - g.mean(1, keepdim=True)).view(-1)
+    if norm == "batch":
+        return centred / (r.std() + 1e-4)
+    if norm == "prompt":
+        return centred / (g.std(1).repeat_interleave(G) + 1e-4)
+    return centred
+
+
+@pytest.mark.parametrize("norm", ["batch", "prompt", "none"])
+def test_advantage_normalisation(random_model_dir, tmp_path, norm):
+    recipe = make_recipe(algorithm={"advantage_norm": norm, "aggregation": "token", "zero_variance_filter": False})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
+    out = scored_batch(trainer, REWARDS)
+    torch.testing.assert_close(out["advantages"], expected_advantages(REWARDS, norm), rtol=1e-4, atol=1e-4)
+
+
+# --- zero-variance filtering ----------------------------------------------------------
+
+
+def test_zero_variance_groups_by_hand():
+    r = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -1.0])
+    assert zero_variance_groups(r, G).tolist() == [True, False, True]
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_zero_variance_filter_removes_prompt_from_loss(random_model_dir, tmp_path, on):
+    rewards = [1.0, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0, -1.0]  # prompt 0 has no variance
+    recipe = make_recipe(algorithm={"zero_variance_filter": on, "aggregation": "token"})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
+    out = scored_batch(trainer, rewards)
+    kept_tokens = out["completion_mask"][:G].sum().item()
+    assert (kept_tokens == 0) is on
+    assert out["num_items_in_batch"].item() == out["completion_mask"].sum().item()
+    assert trainer._metrics["train"]["filter/zero_variance_frac"][-1] == 0.5
+
+
+# --- loss aggregation -----------------------------------------------------------------
+
+
+def test_aggregation_weights_reproduce_hand_averages():
+    torch.manual_seed(0)
+    lengths = torch.tensor([3, 1, 2, 2, 4, 1, 1, 2])
+    keep = torch.ones(8, dtype=torch.bool)
+    per_token = [torch.randn(int(n)) for n in lengths]
+    n_tokens = lengths.sum()
+
+    def aggregated(mode):
+        w = aggregation_weights(lengths, keep, G, mode)
+        return sum(w[i] * per_token[i].sum() for i in range(8)) / n_tokens
+
+    token = torch.cat(per_token).mean()
+    sample = torch.stack([t.mean() for t in per_token]).mean()
+    prompt = torch.stack([torch.cat(per_token[:4]).mean(), torch.cat(per_token[4:]).mean()]).mean()
+    torch.testing.assert_close(aggregated("token"), token)
+    torch.testing.assert_close(aggregated("sample"), sample)
+    torch.testing.assert_close(aggregated("prompt"), prompt)
+
+
+def test_aggregation_weights_ignore_dropped_prompts():
+    lengths = torch.tensor([2, 2, 2, 2, 1, 3, 1, 3])
+    keep = torch.tensor([False] * 4 + [True] * 4)
+    w = aggregation_weights(lengths * keep, keep, G, "prompt")
+    assert w[:4].sum() == 0
+    torch.testing.assert_close(w[4:], torch.full((4,), 1.0))  # one prompt kept: weights = N / L_group = 1
+
+
+# --- loss types ------------------------------------------------------------------------
+
+
+def _policy_logps(trainer, inputs):
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    logits = trainer.model(input_ids=ids, attention_mask=att).logits[:, :-1] / trainer.temperature
+    logps = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+    return logps[:, -inputs["completion_ids"].shape[1] :]
+
+
+@pytest.mark.parametrize("loss", ["cispo", "dapo", "gspo"])
+def test_loss_matches_hand_computation(random_model_dir, tmp_path, loss):
+    recipe = make_recipe(algorithm={"loss": loss, "aggregation": "token", "zero_variance_filter": False})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
+    out = scored_batch(trainer, REWARDS)
+    mask = out["completion_mask"].float()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        logp = _policy_logps(trainer, out)
+    old = logp + 0.3 * torch.randn_like(logp)  # a stale behaviour policy: ratios far from 1
+    out = {**out, "old_per_token_logps": old}
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps  # set by the train loop
+    got = trainer._compute_loss(trainer.model, out).detach()
+
+    adv = out["advantages"].unsqueeze(1)
+    log_ratio = logp - old
+    a = recipe.algorithm
+    if loss == "cispo":
+        per_token = -torch.clamp(log_ratio.exp(), max=a.cispo_epsilon_max) * adv * logp
+    else:
+        lo, hi = a.dapo_epsilon if loss == "dapo" else a.gspo_epsilon
+        if loss == "gspo":  # sequence-level ratio: geometric mean of token ratios
+            log_ratio = ((log_ratio * mask).sum(1) / mask.sum(1)).unsqueeze(1)
+        ratio = log_ratio.exp()
+        per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - lo, 1 + hi) * adv)
+    n = mask.sum()
+    scale = trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
+    expected = (per_token * mask).sum() / (n * scale)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+# --- FP32 LM head -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_fp32_lm_head(random_model_dir, tmp_path, on):
+    recipe = make_recipe(model={"dtype": "bfloat16"}, algorithm={"fp32_lm_head": on})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, dtype=torch.bfloat16)
+    assert trainer.model.lm_head.weight.dtype == (torch.float32 if on else torch.bfloat16)
+    assert trainer.model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+
+
+# --- length control -------------------------------------------------------------------
+
+
+def test_length_penalty_is_dapo_soft_overlong():
+    recipe = make_recipe(length={"control": "penalty", "max_tokens": 20, "penalty_cache": 8})
+    funcs, weights = reward_setup(recipe)
+    assert len(funcs) == 2 and weights == [1.0, 1.0]
+    # L_max 20, L_cache 8: 0 up to 12 tokens, linear to -1 at 20
+    got = funcs[1](completion_ids=[[1] * 10, [1] * 16, [1] * 20, [1] * 25])
+    assert got == pytest.approx([0.0, -0.5, -1.0, -1.0])
+
+
+def test_interruption_inserts_phrase_at_budget(random_model_dir, tmp_path):
+    recipe = make_recipe(length={"control": "interruption", "think_budget": [5, 9], "answer_budget": 4})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path)
+    tok = trainer.processing_class
+    prompt_ids = [tok("Q: 1+1\n")["input_ids"]] * 16
+    trainer.model.train()
+    completions, _ = trainer._generate_single_turn(prompt_ids, None, {}, 16)
+    phrase = trainer._phrase_ids
+    interrupted = 0
+    for c in completions:
+        text = tok.decode(c)
+        if recipe.length.interruption_phrase in text:
+            interrupted += 1
+            start = next(i for i in range(len(c)) if c[i : i + len(phrase)] == phrase)
+            assert 5 <= start <= 9  # cut at the drawn budget
+            assert len(c) - start - len(phrase) <= 4  # answer budget
+        assert len(c) <= recipe.max_completion_tokens
+    assert interrupted > 0  # an untrained model never closes </think> in 5-9 tokens
+    rate = trainer._metrics["train"]["length/interruption_rate"][-1]
+    assert rate == pytest.approx(interrupted / 16)
+    assert trainer.generation_config.max_new_tokens == recipe.max_completion_tokens
+
+
+# --- prompt sampling --------------------------------------------------------------------
+
+
+def test_no_positive_resampling_sampler_never_yields_dropped():
+    dropped: set[int] = set()
+    s = NoPositiveResamplingSampler(
+        data_source=list(range(10)), mini_repeat_count=2, batch_size=2, repeat_count=1, seed=0, dropped=dropped
+    )
+    it = iter(s)
+    first = [next(it) for _ in range(4)]
+    dropped.update({0, 1, 2, 3, 4})
+    rest = list(it)
+    assert len(first) + len(rest) == len(s)
+    assert not set(rest) & dropped - set(first[2:])  # at most the already-formed chunk
+
+
+def test_no_positive_resampling_errors_when_too_few_prompts():
+    s = NoPositiveResamplingSampler(
+        data_source=list(range(4)), mini_repeat_count=1, batch_size=2, repeat_count=1, seed=0, dropped={0, 1, 2}
+    )
+    with pytest.raises(RuntimeError, match="only 1 remain"):
+        list(s)
+
+
+def test_npr_drops_prompts_at_threshold(random_model_dir, tmp_path):
+    recipe = make_recipe(algorithm={"sampling": "no_positive_resampling", "npr_threshold": 0.75})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
+    scored_batch(trainer, [1.0, 1.0, 1.0, -1.0, 1.0, -1.0, -1.0, 1.0])  # pass rates 0.75 and 0.5
+    assert trainer.dropped == {0}
+    assert trainer.pass_history[1] == [2, 4]
+    assert isinstance(trainer._get_train_sampler(), NoPositiveResamplingSampler)
+    uniform = make_trainer(random_model_dir, make_recipe(algorithm={"sampling": "uniform"}), tmp_path)
+    assert not isinstance(uniform._get_train_sampler(), NoPositiveResamplingSampler)
+
+
+# --- off-policy algorithm and batch shape ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "algo,k,micro,updates,accum",
+    [("pipeline", 8, 8, 1, 1), ("ppo", 2, 4, 2, 1), ("ppo", 2, 2, 2, 2), ("pipeline", 8, 4, 1, 2)],
+)
+def test_off_policy_and_batch_shape_map_to_trl(algo, k, micro, updates, accum):
+    r = make_recipe(algorithm={"off_policy": algo, "off_policy_k": k}, batch={"micro_batch": micro})
+    t = trl_args(r)
+    assert t["per_device_train_batch_size"] * t["steps_per_generation"] == r.rollouts == 8
+    assert t["steps_per_generation"] // t["gradient_accumulation_steps"] == updates
+    assert t["gradient_accumulation_steps"] == accum
+    assert r.mini_batch == 8 // updates
+
+
+def test_loss_type_mapping():
+    for loss, (lt, level, eps_hi) in {
+        "cispo": ("cispo", "token", 5.0),
+        "dapo": ("dapo", "token", 0.28),
+        "gspo": ("dapo", "sequence", 4e-3),
+    }.items():
+        t = trl_args(make_recipe(algorithm={"loss": loss}))
+        assert (t["loss_type"], t["importance_sampling_level"]) == (lt, level)
+        assert math.isclose(t["epsilon_high"], eps_hi)

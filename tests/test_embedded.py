@@ -1,0 +1,130 @@
+"""The embedded default: tasks, tokenizer, rewards, the base model, and real-model/dataset loading."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from runners.basemodel import ensure_base_model, load_model_and_tokenizer
+from runners.recipe import recipe_from_dict
+from runners.rewards import exact_match, format_reward, math_verify_reward
+from runners.tasks import ArithmeticTask, load_jsonl, solve
+from runners.tokenizer import build_tokenizer
+
+
+def test_splits_are_disjoint_stable_and_graded():
+    task = ArithmeticTask(n_train=3000, n_val=150)
+    train, val = task.splits()
+    assert len(train) == 3000 and len(val) == 150
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in val}
+    assert task.splits() == (train, val)  # deterministic
+    assert ArithmeticTask(n_train=3000, n_val=150, seed=1).splits()[1] != val
+    assert {r["difficulty"] for r in train} == {1, 2, 3}  # 2..4 operands
+    for r in val[:20]:
+        assert str(solve(r["problem"])) == r["answer"]
+
+
+def test_demonstrations_are_wrong_at_the_configured_rate():
+    task = ArithmeticTask(min_operands=2, max_operands=2, demo_error_rate=0.3, n_val=20)
+    rng = random.Random(0)
+    train, _ = task.splits()
+    demos = [(task.demonstration(r["problem"], rng), r["answer"]) for r in train[:2000]]
+    wrong = sum(f"<answer>{a}</answer>" not in d for d, a in demos) / len(demos)
+    assert 0.25 < wrong < 0.35
+    assert all(d.startswith("<think>") and d.endswith("</answer>") for d, _ in demos)
+
+
+def test_tokenizer_round_trips_through_autotokenizer(tmp_path):
+    build_tokenizer(tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    text = "Q: 12+3-4\n<think>12+3=15 15-4=11</think><answer>11</answer>"
+    ids = tok(text)["input_ids"]
+    assert tok.decode(ids) == text
+    assert tok.unk_token_id not in ids
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1
+    phrase = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+    assert tok.decode(tok(phrase)["input_ids"], skip_special_tokens=True) == phrase
+
+
+def test_too_small_a_problem_space_is_refused():
+    with pytest.raises(ValueError, match="n_val = 150 leaves too few distinct problems"):
+        ArithmeticTask(min_operands=2, max_operands=2, max_operand=5, n_val=150)
+
+
+def test_rewards():
+    good = "<think>2+2=4</think><answer>4</answer>"
+    assert exact_match(None, [good, "<answer>5</answer>", "4"], answer=["4", "4", "4"]) == [1.0, -1.0, -1.0]
+    assert format_reward(None, [good, "<answer>4</answer>", "<think>x</think> <answer>1</answer>"]) == [1, -1, 1]
+    conversational = [[{"role": "assistant", "content": good}]]
+    assert exact_match(None, conversational, answer=["4"]) == [1.0]
+    got = math_verify_reward(
+        None, ["<think></think><answer>\\frac{1}{2}</answer>", "<answer>0.3</answer>"], answer=["0.5", "1/2"]
+    )
+    assert got == [1.0, -1.0]
+
+
+def test_base_model_is_a_standard_checkpoint_with_headroom(tiny_base):
+    info = json.loads((tiny_base / "build_info.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(tiny_base)
+    tok = AutoTokenizer.from_pretrained(tiny_base)
+    assert not model.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    assert tok.decode(tok("Q: 1+2\n")["input_ids"]) == "Q: 1+2\n"
+    val = info["val"]
+    assert 0.0 < val["mean_at_k"] < val["pass_at_k"]  # RL has something to sharpen
+
+
+def test_base_model_is_cached_by_config(tiny_base, cache_dir):
+    stamp = (tiny_base / "model.safetensors").stat().st_mtime_ns
+    again = ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=pytest.fail)
+    assert again == tiny_base and (again / "model.safetensors").stat().st_mtime_ns == stamp
+    other = ArithmeticTask(max_operand=5)
+    from runners.basemodel import base_model_path
+
+    assert base_model_path("tiny", other, cache_dir / "base-models") != tiny_base
+
+
+def test_local_model_and_jsonl_dataset_train_through_the_same_path(tiny_base, tmp_path):
+    from runners.train import train
+
+    data = tmp_path / "data.jsonl"
+    rng = random.Random(0)
+    with data.open("w") as fh:
+        for _ in range(64):
+            a, b = rng.randint(0, 9), rng.randint(0, 9)
+            fh.write(json.dumps({"problem": f"{a}+{b}", "answer": str(a + b)}) + "\n")
+    recipe = recipe_from_dict(
+        {
+            "name": "local",
+            "model": {"size": None, "path": str(tiny_base)},
+            "data": {"path": str(data)},
+            "batch": {"prompts": 2, "generations": 4, "micro_batch": 8},
+            "length": {"control": "none", "max_tokens": 24},
+            "train": {"steps": 2, "save_every": 2},
+            "eval": {"prompts": 8, "every": 2, "samples": 4},
+        }
+    )
+    final = train(recipe, tmp_path / "run", log=lambda m: None)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 2]
+    assert 0.0 <= lines[-1]["val/mean_at_16"] <= 1.0 and final["compute/tokens"] > 0
+
+
+def test_loading_errors_name_the_file_and_field(tiny_base, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        load_model_and_tokenizer(tmp_path / "missing")
+    no_tok = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_base, no_tok, ignore=shutil.ignore_patterns("tokenizer*"))
+    with pytest.raises(FileNotFoundError, match=r"no-tokenizer: no tokenizer"):
+        load_model_and_tokenizer(no_tok)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl line 2: missing field 'answer'"):
+        load_jsonl(bad)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_jsonl(tmp_path / "none.jsonl")

@@ -1,0 +1,101 @@
+"""Recipes load, inherit, override and fail early with messages that name the key and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from runners.plan import format_plan
+from runners.recipe import RECIPES_DIR, RecipeError, load_recipe, parse_override
+
+
+def test_baseline_recipe_is_the_papers_choices():
+    r = load_recipe("scalerl")
+    a = r.algorithm
+    assert (a.loss, a.cispo_epsilon_max, a.fp32_lm_head) == ("cispo", 5.0, True)
+    assert (a.aggregation, a.advantage_norm, a.zero_variance_filter) == ("prompt", "batch", True)
+    assert (a.sampling, a.off_policy, a.off_policy_k) == ("no_positive_resampling", "pipeline", 8)
+    assert r.length.control == "interruption"
+
+
+def test_every_shipped_recipe_loads():
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    assert "scalerl" in names and "scalerl-gpu" in names
+    for name in names:
+        load_recipe(name)
+
+
+def test_inheritance_and_overrides(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text("inherit: scalerl\nname: child\nalgorithm: {loss: dapo}\nbatch: {prompts: 8}\n")
+    r = load_recipe(child, {"optim.lr": "1e-4", "train.steps": 7})
+    assert (r.name, r.algorithm.loss, r.batch.prompts, r.batch.generations) == ("child", "dapo", 8, 16)
+    assert r.algorithm.aggregation == "prompt"  # inherited untouched
+    assert r.optim.lr == 1e-4 and r.train.steps == 7
+    gpu = load_recipe("scalerl-gpu")
+    assert gpu.model.dtype == "bfloat16" and gpu.eval.prompts == 1000
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"algorithm.los": "dapo"}, r"unknown key 'algorithm.los'; did you mean 'loss'"),
+        ({"algorithm.loss": "ppo"}, r"algorithm.loss = 'ppo' is not allowed; choose one of: cispo, dapo, gspo"),
+        ({"optim.lr": "fast"}, r"optim.lr = 'fast': expected a number"),
+        ({"batch.prompts": 2.5}, r"batch.prompts = 2.5: expected an integer"),
+        ({"algorithm.fp32_lm_head": "yes"}, r"expected true or false"),
+        ({"batch.micro_batch": 48}, r"batch.micro_batch = 48 does not divide the mini-batch of 256.*such as 32"),
+        ({"algorithm.off_policy": "ppo", "algorithm.off_policy_k": 3}, r"off_policy_k = 3 does not divide"),
+        ({"batch.generations": 1}, r"needs >= 2 completions per prompt"),
+        ({"length.control": "penalty", "length.penalty_cache": 64}, r"penalty_cache = 64: must be in \(0"),
+        ({"model.path": "/x"}, r"set exactly one of model.size"),
+        ({"model.size": "huge"}, r"model.size = 'huge': choose one of tiny, small, medium"),
+        ({"data.reward": {"bleu": 1.0}}, r"data.reward.bleu: unknown reward"),
+        ({"eval.prompts": 500}, r"eval.prompts = 500 exceeds data.task.n_val = 200"),
+        ({"length.think_budget": [40, 24]}, r"length.think_budget = \[40, 24\]"),
+        ({"data.task.max_operands": "four"}, r"data.task.max_operands = 'four': expected an integer"),
+    ],
+)
+def test_bad_recipes_fail_with_the_key_and_fix(overrides, message):
+    with pytest.raises(RecipeError, match=message):
+        load_recipe("scalerl", overrides)
+
+
+def test_missing_recipe_lists_known_ones():
+    with pytest.raises(RecipeError, match="known recipes: .*scalerl"):
+        load_recipe("nope")
+
+
+def test_inheritance_cycle_is_reported(tmp_path):
+    (tmp_path / "a.yaml").write_text("inherit: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("inherit: a.yaml\n")
+    with pytest.raises(RecipeError, match="inheritance cycle"):
+        load_recipe(tmp_path / "a.yaml")
+
+
+def test_parse_override_reads_yaml_values():
+    assert parse_override("algorithm.zero_variance_filter=false") == ("algorithm.zero_variance_filter", False)
+    assert parse_override("length.think_budget=[8, 16]") == ("length.think_budget", [8, 16])
+    with pytest.raises(RecipeError, match="KEY=VALUE"):
+        parse_override("algorithm.loss")
+
+
+def test_plan_speaks_the_seeds_words():
+    text = format_plan(load_recipe("scalerl", {"algorithm.off_policy": "ppo", "batch.micro_batch": 32}))
+    assert "rollouts per step (prompts x generations)" in text and "16 x 16 = 256" in text
+    assert "optimizer updates per step" in text and "256 / 32 x 1 = 8" in text
+    assert "gradient_accumulation_steps = 1" in text and "sets GPU memory" in text
+    assert "ppo-8" in text
+
+
+def test_plan_cli_reports_errors_without_traceback():
+    ok = subprocess.run([sys.executable, "-m", "runners", "plan", "scalerl"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "Batch plan" in ok.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "runners", "plan", "scalerl", "--set", "batch.micro_batch=48"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and "does not divide" in bad.stderr and "Traceback" not in bad.stderr
