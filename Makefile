@@ -5,9 +5,13 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 export MPLBACKEND := Agg
+CAMPAIGN ?= loo-cpu
+RECIPE  ?= scalerl
+AXIS    ?=
+PORT    ?= 5000
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit
+.PHONY: help setup test lint fit-demo bench-fit ablation fit ui plan train base-model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -33,3 +37,22 @@ fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → art
 
 bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit, and a 1,000-resample bootstrap
 	$(BIN)/python -m tests.bench_fit
+
+ablation: $(STAMP) ## run a LOO campaign and fit it: make ablation [CAMPAIGN=loo-cpu] [AXIS=loss]
+	$(BIN)/python -m runners campaign $(CAMPAIGN) $(if $(AXIS),--axis $(AXIS))
+
+fit: $(STAMP) ## fit a campaign from MLflow → artifacts/campaigns/NAME/fit/{loo_table.md,curves.csv,loo_curves.png}
+	$(BIN)/python -m analysis fit $(CAMPAIGN)
+
+ui: $(STAMP) ## MLflow UI on 127.0.0.1:$(PORT) over the project's store
+	@echo "MLflow UI: http://127.0.0.1:$(PORT)  (store sqlite:///$(CURDIR)/mlflow.db)"
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(PORT)
+
+plan: $(STAMP) ## print the batch plan of a recipe: make plan [RECIPE=scalerl]
+	$(BIN)/python -m runners plan $(RECIPE)
+
+train: $(STAMP) ## one run of a recipe: make train [RECIPE=scalerl]
+	$(BIN)/python -m runners train $(RECIPE)
+
+base-model: $(STAMP) ## build (or find cached) the embedded base model of a recipe
+	$(BIN)/python -m runners base-model $(RECIPE)

@@ -141,6 +141,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     metrics = evaluate(model, tokenizer, val[:eval_prompts], max_new_tokens=task.max_completion_chars())
+    samples = metrics.pop("samples")
     log(f"  SFT {spec.sft_steps} steps; validation on {min(eval_prompts, len(val))} prompts: {metrics}")
     return {
         "size": size,
@@ -148,6 +149,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         "task": task.to_dict(),
         "key": build_key(size, task),
         "val": metrics,
+        "samples": samples,
         "seconds": time.perf_counter() - t0,
     }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,10 +26,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = _recipe(args)
     from runners.train import train
 
-    run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name}-seed{recipe.train.seed}")
+    run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name.replace('/', '-')}-seed{recipe.train.seed}")
     print(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}", flush=True)
     t0 = time.perf_counter()
-    final = train(recipe, run_dir, log=lambda m: print(m, flush=True))
+    if os.environ.get("MLFLOW_RUN_ID"):
+        from runners.tracking import tracked_train
+
+        final = tracked_train(recipe, run_dir, log=lambda m: print(m, flush=True))
+    else:
+        final = train(recipe, run_dir, log=lambda m: print(m, flush=True))
     print(
         f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "
         f"{final['compute/gpu_hours']:.4f} device-hours"
@@ -47,6 +53,37 @@ def cmd_base_model(args: argparse.Namespace) -> int:
     path = ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
     print(f"{path} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def cmd_campaign(args: argparse.Namespace) -> int:
+    from runners.campaign import load_campaign, run_campaign
+
+    t0 = time.perf_counter()
+    summary = run_campaign(args.campaign, only_axis=args.axis, dry_run=args.dry_run, log=lambda m: print(m, flush=True))
+    if args.dry_run:
+        return 0
+    failures = summary["failures"]
+    if not args.no_fit:
+        from analysis.loo import write_report
+
+        camp = load_campaign(args.campaign)
+        try:
+            write_report(
+                camp.name,
+                Path("artifacts/campaigns") / camp.name / "fit",
+                camp.fit,
+                tracking_uri=summary["tracking_uri"],
+                parent_run_id=summary["parent_run_id"],
+            )
+        except ValueError as e:
+            print(f"fit skipped: {e}")
+    print(
+        f"campaign finished: {summary['ran']} run(s) executed, {len(failures)} failed; "
+        f"wall time {time.perf_counter() - t0:.0f} s"
+    )
+    for spec, tail in failures:
+        print(f"  FAILED {spec.variant} seed {spec.seed}:\n    " + tail.replace("\n", "\n    "))
+    return 1 if failures else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
     t = add("train", cmd_train, "run one recipe end to end (resumes from its last checkpoint)")
     t.add_argument("--run-dir", help="output folder (default artifacts/runs/NAME-seedS)")
     add("base-model", cmd_base_model, "build (or find cached) the embedded base model of a recipe")
+    c = sub.add_parser(
+        "campaign",
+        help="run a campaign (baseline + LOO variants x seeds), then fit it",
+        description="Run every run of a campaign that is not done yet, tracked in MLflow, then fit "
+        "the LOO table. Re-running skips finished runs and resumes interrupted ones.",
+    )
+    c.add_argument("campaign", help="campaign file or name in experiments/campaigns (e.g. loo-cpu)")
+    c.add_argument("--axis", help="run only the baseline's variants along this axis")
+    c.add_argument("--dry-run", action="store_true", help="list every run, its identity and status; run nothing")
+    c.add_argument("--no-fit", action="store_true", help="skip the fit at the end")
+    c.set_defaults(func=cmd_campaign)
     return p
 
 

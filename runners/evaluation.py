@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -22,11 +23,13 @@ def evaluate(
     temperature: float = 1.0,
     reward: str = "exact_match",
     seed: int = 0,
-) -> dict[str, float]:
+    n_show: int = 8,
+) -> dict[str, Any]:
     """Sample ``samples`` completions per prompt (batched) and score them.
 
     mean_at_k: average over prompts of the fraction of correct samples.
     pass_at_k: fraction of prompts with at least one correct sample.
+    samples: the first completion of the first ``n_show`` prompts, for inspection.
     """
     was_training = model.training
     model.eval()
@@ -35,14 +38,14 @@ def evaluate(
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    correct_frac, any_correct, well_formed, n_tokens = [], [], 0, 0
+    correct_frac, any_correct, well_formed, n_tokens, shown = [], [], 0, 0, []
     t0 = time.perf_counter()
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         for start in range(0, len(rows), batch_prompts):
             chunk = rows[start : start + batch_prompts]
-            texts = [_prompt_text(tokenizer, r["prompt"]) for r in chunk]
-            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+            prompts_text = [_prompt_text(tokenizer, r["prompt"]) for r in chunk]
+            enc = tokenizer(prompts_text, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             out = model.generate(
                 **enc,
                 do_sample=True,
@@ -62,6 +65,11 @@ def evaluate(
             correct_frac += scores.float().mean(1).tolist()
             any_correct += scores.any(1).float().tolist()
             well_formed += sum(is_well_formed(t) for t in texts)
+            if len(shown) < n_show:
+                shown += [
+                    {"prompt": texts_in, "answer": r["answer"], "completion": texts[i * samples]}
+                    for i, (texts_in, r) in enumerate(zip(prompts_text, chunk, strict=True))
+                ][: n_show - len(shown)]
     finally:
         tokenizer.padding_side = padding_side
         torch.random.set_rng_state(rng_state)
@@ -74,6 +82,7 @@ def evaluate(
         "completion_tokens": float(n_tokens),
         "sequences": float(n),
         "seconds": time.perf_counter() - t0,
+        "samples": shown,
     }
 
 

@@ -8,6 +8,7 @@ that names the key, the value and the fix, before any model is loaded.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import types
@@ -236,7 +237,8 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    data = _deep_merge(data, {})
+    """A copy of ``data`` with dotted keys set; ``data`` itself is never modified."""
+    data = copy.deepcopy(data)
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset, disable_progress_bars
-from transformers import TrainerCallback, set_seed
+from transformers import PrinterCallback, TrainerCallback, set_seed
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
@@ -111,6 +111,9 @@ class Progress(TrainerCallback):
             seed=step,
         )
         self.eval_seconds += time.perf_counter() - t0
+        if self.trainer.accelerator.is_main_process:
+            with (self.run_dir / "samples.jsonl").open("a") as fh:
+                fh.write(json.dumps({"step": step, "samples": m.pop("samples")}) + "\n")
         record = {
             "val/mean_at_16": m["mean_at_k"],
             "val/pass_at_16": m["pass_at_k"],
@@ -229,6 +232,7 @@ def train(
         recipe=recipe,
     )
     progress.trainer = trainer
+    trainer.remove_callback(PrinterCallback)  # Progress prints one line per evaluation instead
     progress.n_params = sum(p.numel() for p in trainer.model.parameters())
     last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
     if last is not None and (Path(last) / STATE_FILE).is_file():

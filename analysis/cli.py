@@ -1,0 +1,37 @@
+"""Command line: ``python -m analysis fit CAMPAIGN``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m analysis", description="Turn campaigns into tables and plots.")
+    sub = p.add_subparsers(dest="command", required=True)
+    f = sub.add_parser(
+        "fit",
+        help="fit every variant of a campaign from MLflow and write the LOO table",
+        description="Pull every run's validation curve from MLflow (full history), fit each variant "
+        "with scalefit (seeds pooled, bootstrap intervals), compare with the baseline by the paper's "
+        "rule, write CSV + Markdown + plot, and log them to the campaign's parent run.",
+    )
+    f.add_argument("campaign", help="campaign file or name in experiments/campaigns")
+    f.add_argument("--out", help="output folder (default artifacts/campaigns/NAME/fit)")
+    f.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    args = p.parse_args(argv)
+
+    from analysis.loo import write_report
+    from runners.campaign import load_campaign
+    from runners.recipe import RecipeError
+    from runners.tracking import default_tracking_uri
+
+    try:
+        camp = load_campaign(args.campaign)
+        out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
+        write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
+    except (RecipeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

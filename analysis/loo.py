@@ -1,0 +1,173 @@
+"""From a campaign in MLflow to the paper's LOO table: curves, fits, verdicts, plots."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from scalefit import FitError, bootstrap, compare_fits, fit_sigmoid, seed_spread
+from scalefit.grids import parse_grid
+from scalefit.plot import plot_fits
+
+CURVE_METRICS = ("val/mean_at_16", "val/pass_at_16", "compute/gpu_hours", "compute/tokens", "compute/flops")
+DEFAULT_FIT = {"x": "compute/gpu_hours", "exclude_below": None, "a_grid": "0.05:1.0:0.005", "margin": 0.02}
+
+
+def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
+    """Every validation point of every run of a campaign (full metric history, not the last value)."""
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(campaign)
+    if exp is None:
+        raise ValueError(f"no MLflow experiment named {campaign!r} at {client.tracking_uri}; run the campaign first")
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.`prl.run_id` != ''", max_results=5000)
+    frames = []
+    for run in runs:
+        cols = {}
+        for key in CURVE_METRICS:
+            hist = client.get_metric_history(run.info.run_id, key)
+            cols[key] = pd.Series({m.step: m.value for m in hist}, dtype=float)
+        df = pd.DataFrame(cols).rename_axis("step").reset_index()
+        if df.empty:
+            continue
+        tags = run.data.tags
+        df.insert(0, "run", run.info.run_name)
+        df.insert(1, "variant", tags.get("prl.variant", ""))
+        df.insert(2, "axis", tags.get("prl.axis", ""))
+        df.insert(3, "seed", int(tags.get("prl.seed", 0)))
+        df["run_id"] = run.info.run_id
+        df["done"] = tags.get("prl.done") == "1"
+        frames.append(df.dropna(subset=["val/mean_at_16"]))
+    if not frames:
+        raise ValueError(f"campaign {campaign!r} has no validation curves yet")
+    cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done"]
+    return pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
+
+
+def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:
+    """Fit each variant (seeds pooled) and compare it with the baseline by the paper's rule."""
+    cfg = {**DEFAULT_FIT, **(fit or {})}
+    a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
+    x, y = cfg["x"], "val/mean_at_16"
+    fits, boots, rows = {}, {}, []
+    for variant, g in curves.groupby("variant", sort=False):
+        row: dict[str, Any] = {
+            "variant": variant,
+            "axis": g["axis"].iloc[0] or "—",
+            "seeds": g["seed"].nunique(),
+            "points": len(g),
+            "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
+        }
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                f = fit_sigmoid(g[x], g[y], exclude_below=cfg["exclude_below"], a_grid=a_grid)
+            b = bootstrap(f, n_resamples=n_boot, seed=0)
+        except FitError as e:
+            rows.append({**row, "note": f"no fit: {e}"})
+            continue
+        fits[variant], boots[variant] = f, b
+        lo, hi = b.interval("A")
+        row.update(
+            A=f.A,
+            A_lo=lo,
+            A_hi=hi,
+            B=f.B,
+            C_mid=f.C_mid,
+            R0=f.R0,
+            sse=f.sse,
+            note="; ".join(str(w.message) for w in caught),
+        )
+        if g["seed"].nunique() > 1:
+            spread = seed_spread(
+                {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}, exclude_below=cfg["exclude_below"], a_grid=a_grid
+            ).to_dict()
+            row["A_seed_half_range"] = spread["A_half_range"]
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    if "baseline" in fits:
+        verdicts, b_shared = [], []
+        for v in table["variant"]:
+            if v == "baseline" or v not in fits:
+                verdicts.append("baseline" if v == "baseline" else "")
+                b_shared.append(np.nan)
+                continue
+            c = compare_fits(fits["baseline"], fits[v], margin=cfg["margin"], names=("baseline", v))
+            verdicts.append(_short_verdict(c))
+            b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
+        table["verdict"] = verdicts
+        table["B_at_shared_A"] = b_shared
+    return table, {"fits": fits, "boots": boots}
+
+
+def _short_verdict(c) -> str:
+    if c.winner == "tie":
+        return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
+    better = c.winner == c.candidate
+    if c.rule == "A":
+        return f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f})"
+    return (
+        f"same A within margin; {'more' if better else 'less'} compute-efficient "
+        f"(B {c.B_candidate:.2f} vs {c.B_baseline:.2f} at A={c.shared_A:.3f})"
+    )
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    def fmt(v: Any, spec: str) -> str:
+        return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+
+    lines = ["| variant | A [95% CI] | B | C_mid | final mean@16 | verdict vs baseline |", "|---|---|---|---|---|---|"]
+    for _, r in table.iterrows():
+        a = (
+            f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
+            if "A" in r and not pd.isna(r.get("A"))
+            else r.get("note", "")
+        )
+        lines.append(
+            f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
+            f"{fmt(r['final_mean_at_16'], '.3f')} | {r.get('verdict', '')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    campaign: str,
+    out: Path,
+    fit: dict[str, Any] | None = None,
+    tracking_uri: str | None = None,
+    parent_run_id: str | None = None,
+    log=print,
+) -> pd.DataFrame:
+    """Curves CSV, LOO table (CSV + Markdown) and a plot; logged to the campaign's parent run."""
+    out.mkdir(parents=True, exist_ok=True)
+    curves = load_curves(campaign, tracking_uri)
+    curves.to_csv(out / "curves.csv", index=False)
+    table, extra = fit_table(curves, fit)
+    table.to_csv(out / "loo_table.csv", index=False)
+    md = to_markdown(table)
+    (out / "loo_table.md").write_text(md)
+    x = {**DEFAULT_FIT, **(fit or {})}["x"]
+    if extra["fits"]:
+        plot_fits(
+            extra["fits"],
+            out / "loo_curves.png",
+            boots=extra["boots"],
+            xlabel=x,
+            title=f"{campaign}: mean@16 vs compute, sigmoid fits",
+        )
+    log(md)
+    client = MlflowClient(tracking_uri)
+    if parent_run_id is None:
+        exp = client.get_experiment_by_name(campaign)
+        found = client.search_runs([exp.experiment_id], filter_string="tags.`prl.kind` = 'campaign'", max_results=1)
+        parent_run_id = found[0].info.run_id if found else None
+    if parent_run_id:
+        for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png"):
+            if (out / name).is_file():
+                client.log_artifact(parent_run_id, str(out / name), "loo")
+    log(f"LOO table → {out / 'loo_table.md'}, curves → {out / 'curves.csv'}, plot → {out / 'loo_curves.png'}")
+    return table

@@ -1,0 +1,358 @@
+"""Campaigns: a baseline recipe, the axes to ablate and the seeds, expanded into runs,
+scheduled as separate processes and tracked in MLflow (experiment per campaign, a
+parent run per campaign, a child run per variant x seed).
+
+Re-running is safe: a finished run (same identity) is skipped, an interrupted one
+resumes from its checkpoint into the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from runners.basemodel import BUILD_VERSION
+from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, recipe_from_dict
+
+CAMPAIGNS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "campaigns"
+ID_TAG = "prl.run_id"
+
+
+@dataclass
+class Axis:
+    key: str  # dotted recipe key, e.g. algorithm.loss
+    values: list[Any]
+
+
+@dataclass
+class Campaign:
+    name: str
+    baseline: str
+    path: Path
+    kind: str = "loo"  # loo | forward
+    seeds: list[int] = field(default_factory=lambda: [0])
+    baseline_seeds: list[int] | None = None  # extra seeds for the baseline only
+    overrides: dict[str, Any] = field(default_factory=dict)
+    axes: dict[str, Axis] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+    parallel: int = 1  # concurrent runs on CPU
+    runs_per_gpu: int = 1
+
+
+@dataclass
+class RunSpec:
+    variant: str
+    axis: str | None
+    value: Any
+    seed: int
+    recipe: Recipe
+    run_key: str
+
+
+CAMPAIGN_KEYS = {f for f in Campaign.__dataclass_fields__ if f != "path"}
+
+
+def load_campaign(ref: str | Path) -> Campaign:
+    p = Path(ref)
+    if not p.is_file():
+        cand = CAMPAIGNS_DIR / (p.name if p.suffix else f"{p.name}.yaml")
+        if not cand.is_file():
+            known = ", ".join(sorted(x.stem for x in CAMPAIGNS_DIR.glob("*.yaml")))
+            raise RecipeError(f"campaign {ref!r} not found (known campaigns: {known})")
+        p = cand
+    data = yaml.safe_load(p.read_text()) or {}
+    unknown = set(data) - CAMPAIGN_KEYS
+    if unknown:
+        raise RecipeError(f"{p}: unknown campaign key(s) {sorted(unknown)}; valid: {sorted(CAMPAIGN_KEYS)}")
+    for req in ("name", "baseline"):
+        if req not in data:
+            raise RecipeError(f"{p}: missing required key {req!r}")
+    axes = {}
+    for name, spec in (data.pop("axes", None) or {}).items():
+        if not isinstance(spec, dict) or set(spec) != {"key", "values"} or not isinstance(spec["values"], list):
+            raise RecipeError(f"{p}: axis {name!r} needs {{key: dotted.recipe.key, values: [...]}}, got {spec!r}")
+        axes[name] = Axis(spec["key"], spec["values"])
+    camp = Campaign(path=p, axes=axes, **data)
+    if camp.kind not in ("loo", "forward"):
+        raise RecipeError(f"{p}: kind = {camp.kind!r}; choose loo or forward")
+    if camp.kind == "forward" and len(axes) != 1:
+        raise RecipeError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
+    return camp
+
+
+def code_version() -> str:
+    return f"build{BUILD_VERSION}"
+
+
+def run_key(recipe: Recipe) -> str:
+    """Identity of a run: hash of the fully resolved recipe (seed included) and the code version."""
+    blob = json.dumps({"recipe": recipe.to_dict(), "code": code_version()}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        node = node[part]
+    return node
+
+
+def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
+    """Baseline + one variant per non-baseline value of each axis (LOO), or every value (forward); x seeds."""
+    if only_axis is not None and only_axis not in camp.axes:
+        raise RecipeError(f"AXIS={only_axis!r} is not an axis of {camp.name}; axes: {', '.join(camp.axes)}")
+    base_raw = apply_overrides(raw_recipe(camp.baseline), camp.overrides)
+    base_recipe = recipe_from_dict(base_raw)
+    variants: list[tuple[str, str | None, Any, dict[str, Any]]] = []
+    if camp.kind == "loo":
+        variants.append(("baseline", None, None, {}))
+    for axis_name, axis in camp.axes.items():
+        if only_axis is not None and axis_name != only_axis:
+            continue
+        try:
+            current = _get(base_recipe.to_dict(), axis.key)
+        except KeyError:
+            raise RecipeError(f"{camp.path}: axis {axis_name!r}: {axis.key!r} is not a recipe key") from None
+        for value in axis.values:
+            if camp.kind == "loo" and _same(value, current):
+                continue
+            variants.append((f"{axis_name}={_fmt(value)}", axis_name, value, {axis.key: value}))
+    specs = []
+    for variant, axis_name, value, over in variants:
+        seeds = camp.seeds
+        if variant == "baseline" and camp.baseline_seeds:
+            seeds = sorted(set(camp.seeds) | set(camp.baseline_seeds))
+        for seed in seeds:
+            raw = apply_overrides(base_raw, {**over, "train.seed": seed, "name": f"{camp.name}/{variant}"})
+            try:
+                recipe = recipe_from_dict(raw)
+            except RecipeError as e:
+                raise RecipeError(f"{camp.path}: variant {variant} seed {seed}: {e}") from None
+            specs.append(RunSpec(variant, axis_name, value, seed, recipe, run_key(recipe)))
+    return specs
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return list(a) == list(b)
+    return a == b
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return str(v)
+
+
+# --- execution -----------------------------------------------------------------
+
+
+def _experiment(client, name: str) -> str:
+    exp = client.get_experiment_by_name(name)
+    return exp.experiment_id if exp else client.create_experiment(name)
+
+
+def _find_runs(client, exp_id: str) -> dict[str, Any]:
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{ID_TAG}` != ''", max_results=5000)
+    return {r.data.tags[ID_TAG]: r for r in runs}
+
+
+def _parent(client, exp_id: str, camp: Campaign):
+    found = client.search_runs([exp_id], filter_string="tags.`prl.kind` = 'campaign'", max_results=1)
+    if found:
+        return found[0]
+    run = client.create_run(exp_id, run_name=camp.name, tags={"prl.kind": "campaign", "prl.campaign": camp.name})
+    client.log_text(run.info.run_id, camp.path.read_text(), "campaign.yaml")
+    return run
+
+
+def status_of(run) -> str:
+    if run is None:
+        return "to do"
+    if run.data.tags.get("prl.done") == "1":
+        return "done"
+    return {"RUNNING": "running", "FAILED": "failed", "KILLED": "failed"}.get(run.info.status, "interrupted")
+
+
+def _devices() -> list[str | None]:
+    try:
+        import torch
+
+        n = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no torch CUDA: CPU
+        n = 0
+    return [str(i) for i in range(n)] or [None]
+
+
+def run_campaign(
+    ref: str | Path,
+    *,
+    only_axis: str | None = None,
+    dry_run: bool = False,
+    runs_root: Path = Path("artifacts/campaigns"),
+    tracking_uri: str | None = None,
+    log=print,
+) -> dict[str, Any]:
+    """Run every to-do run of a campaign; returns a summary with failures."""
+    from mlflow.tracking import MlflowClient
+
+    from runners.tracking import default_tracking_uri, local_server
+
+    camp = load_campaign(ref)
+    specs = expand(camp, only_axis)
+    uri = tracking_uri or default_tracking_uri()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(camp.name)
+    existing = _find_runs(client, exp.experiment_id) if exp else {}
+    log(f"campaign {camp.name}: {len(specs)} runs ({camp.kind}, seeds {camp.seeds}), tracking {uri}")
+    for s in specs:
+        log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
+    if dry_run:
+        return {"runs": len(specs), "dry_run": True}
+
+    exp_id = _experiment(client, camp.name)
+    parent = _parent(client, exp_id, camp)
+    todo = [s for s in specs if status_of(existing.get(s.run_key)) != "done"]
+    log(f"{len(specs) - len(todo)} done, {len(todo)} to run")
+    t0 = time.perf_counter()
+    use_server = uri.startswith("sqlite:")
+    server = local_server(uri, runs_root / camp.name / "mlartifacts", log=log) if use_server else None
+    failures: list[tuple[RunSpec, str]] = []
+    with server if server is not None else _nullctx(uri) as worker_uri:
+        worker_client = MlflowClient(worker_uri)
+        slots = _slots(camp)
+        running: list[tuple[subprocess.Popen, RunSpec, Path, Any]] = []
+        queue = list(todo)
+        done_count = 0
+        while queue or running:
+            while queue and len(running) < len(slots):
+                spec = queue.pop(0)
+                device = _free_slot(slots, running)
+                run = existing.get(spec.run_key) or _create_child(worker_client, exp_id, parent, camp, spec)
+                threads = max(1, (os.cpu_count() or 1) // len(slots)) if device is None else None
+                proc, rdir, logf = _launch(spec, run.info.run_id, worker_uri, runs_root / camp.name, device, threads)
+                running.append((proc, spec, rdir, (logf, device)))
+                log(
+                    f"[{done_count + len(running)}/{len(todo)}] start {spec.variant} seed {spec.seed}"
+                    + (f" on cuda:{device}" if device is not None else "")
+                )
+            time.sleep(1.0)
+            for item in list(running):
+                proc, spec, rdir, (logf, _) = item
+                if proc.poll() is None:
+                    continue
+                running.remove(item)
+                logf.close()
+                done_count += 1
+                elapsed = time.perf_counter() - t0
+                if proc.returncode == 0:
+                    log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
+                else:
+                    tail = _tail(rdir / "run.log")
+                    failures.append((spec, tail))
+                    log(
+                        f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {tail.splitlines()[-1] if tail else ''}"
+                    )
+    wall = time.perf_counter() - t0
+    client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
+    return {
+        "runs": len(specs),
+        "ran": len(todo),
+        "failures": failures,
+        "seconds": wall,
+        "experiment_id": exp_id,
+        "parent_run_id": parent.info.run_id,
+        "tracking_uri": uri,
+    }
+
+
+@contextlib.contextmanager
+def _nullctx(value: str):
+    yield value
+
+
+def _slots(camp: Campaign) -> list[str | None]:
+    """One slot per concurrent run: GPUs x runs_per_gpu, or ``parallel`` CPU slots."""
+    devices = _devices()
+    if devices == [None]:
+        return [None] * max(1, camp.parallel)
+    return [d for d in devices for _ in range(max(1, camp.runs_per_gpu))]
+
+
+def _free_slot(slots: list[str | None], running: list) -> str | None:
+    busy = [dev for *_, (_, dev) in running]
+    for dev in dict.fromkeys(slots):
+        if busy.count(dev) < slots.count(dev):
+            return dev
+    return None  # pragma: no cover - callers only ask when a slot is free
+
+
+def _create_child(client, exp_id: str, parent, camp: Campaign, spec: RunSpec):
+    import mlflow
+
+    tags = {
+        "mlflow.parentRunId": parent.info.run_id,
+        ID_TAG: spec.run_key,
+        "prl.campaign": camp.name,
+        "prl.variant": spec.variant,
+        "prl.axis": spec.axis or "",
+        "prl.value": _fmt(spec.value) if spec.axis else "",
+        "prl.seed": str(spec.seed),
+        "prl.code_version": code_version(),
+        "prl.git_commit": _git_commit(),
+        "prl.versions": _versions(),
+    }
+    run = client.create_run(exp_id, run_name=f"{spec.variant}/seed{spec.seed}", tags=tags)
+    params = spec.recipe.flat()
+    batch = [mlflow.entities.Param(k, str(v)[:6000]) for k, v in params.items()]
+    for i in range(0, len(batch), 100):
+        client.log_batch(run.info.run_id, params=batch[i : i + 100])
+    return run
+
+
+def _launch(spec: RunSpec, run_id: str, uri: str, root: Path, device: str | None, threads: int | None = None):
+    rdir = root / f"{spec.variant.replace('=', '-')}-seed{spec.seed}-{spec.run_key}"
+    rdir.mkdir(parents=True, exist_ok=True)
+    (rdir / "recipe.yaml").write_text(spec.recipe.to_yaml())
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    elif threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads))  # CPU runs share the cores instead of oversubscribing
+    logf = (rdir / "run.log").open("a")
+    cmd = [sys.executable, "-m", "runners", "train", str(rdir / "recipe.yaml"), "--run-dir", str(rdir)]
+    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
+    return proc, rdir, logf
+
+
+def _tail(path: Path, n: int = 5) -> str:
+    if not path.is_file():
+        return ""
+    lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
+    return "\n".join(lines[-n:])
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    return ",".join(f"{p}={version(p)}" for p in ("torch", "transformers", "trl", "mlflow"))

@@ -1,0 +1,132 @@
+"""MLflow tracking: the default SQLite store, a local tracking server for concurrent writers,
+and the metric sink that runs log through (deduplicated by step, so a resumed run never
+records a step twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+DEFAULT_STORE = "mlflow.db"
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file in the working directory (MLflow's default backend)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_STORE).resolve()}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_server(backend_uri: str, artifacts: Path, *, port: int | None = None, log=print) -> Iterator[str]:
+    """Run ``mlflow server`` on 127.0.0.1 in front of a SQLite store, so that many processes can
+    log at once without "database is locked" (one writer: the server). Yields its URL."""
+    port = port or _free_port()
+    artifacts.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        backend_uri,
+        "--artifacts-destination",
+        str(artifacts.resolve()),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
+    logf = (artifacts / "server.log").open("ab")
+    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with code {proc.returncode}; see {artifacts / 'server.log'}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"mlflow server did not answer on {url} within 120 s")
+            time.sleep(0.5)
+        log(f"MLflow tracking server {url} (store {backend_uri})")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        logf.close()
+
+
+class MlflowSink:
+    """Logs metric dicts at a step into one MLflow run; steps already present are skipped."""
+
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
+        self.client, self.run_id = client, run_id
+        self.last_train_step = max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=-1)
+        self.val_steps = {m.step for m in client.get_metric_history(run_id, "val/mean_at_16")}
+
+    def __call__(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        is_val = "val/mean_at_16" in metrics
+        if (is_val and step in self.val_steps) or (not is_val and step <= self.last_train_step):
+            return
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 500):
+            self.client.log_batch(self.run_id, metrics=batch[i : i + 500], synchronous=True)
+        if is_val:
+            self.val_steps.add(step)
+        else:
+            self.last_train_step = step
+
+
+def tracked_train(recipe, run_dir: Path, log=print) -> dict:
+    """``runners.train.train`` inside the MLflow run named by ``MLFLOW_RUN_ID`` (set by the campaign).
+
+    System metrics are on; the run's files (metrics, recipe, best checkpoint record, sample
+    completions) become artifacts; the ``prl.done`` tag marks a finished run.
+    """
+    import mlflow
+
+    from runners.train import train
+
+    client = MlflowClient()
+    run_id = os.environ["MLFLOW_RUN_ID"]
+    with mlflow.start_run(run_id=run_id, log_system_metrics=True):
+        sink = MlflowSink(client, run_id)
+        final = train(recipe, run_dir, sinks=[sink], log=log)
+        for name in ("metrics.jsonl", "recipe.yaml", "samples.jsonl", "best/best.json"):
+            if (run_dir / name).is_file():
+                mlflow.log_artifact(str(run_dir / name))
+        best = run_dir / "best" / "best.json"
+        if best.is_file():
+            import json
+
+            mlflow.set_tag("prl.best_step", json.loads(best.read_text())["step"])
+        mlflow.set_tag("prl.done", "1")
+    return final

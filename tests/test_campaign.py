@@ -1,0 +1,236 @@
+"""Campaigns end to end on CPU with the tiny model: MLflow structure, resume after SIGKILL,
+concurrent writers, the fit table and the MLflow UI's REST API."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runners.campaign import expand, load_campaign, run_campaign
+
+TINY = {
+    "model.size": "tiny",
+    "batch.prompts": 2,
+    "batch.generations": 4,
+    "batch.micro_batch": 8,
+    "length.think_budget": [12, 20],
+    "length.answer_budget": 8,
+    "eval.prompts": 8,
+    "eval.samples": 4,
+    "eval.batch_prompts": 8,
+}
+
+
+def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Path:
+    overrides = {**TINY, "train.steps": steps, "train.save_every": 2, "eval.every": 2}
+    doc = {
+        "name": name,
+        "baseline": "scalerl",
+        "kind": "loo",
+        "seeds": [0],
+        "overrides": overrides,
+        "axes": axes,
+        "fit": {"x": "compute/gpu_hours", "a_grid": "0.05:1.0:0.005"},
+        **extra,
+    }
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return path
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, tiny_base):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    return uri
+
+
+def history_steps(client, run_id, key):
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def test_loo_expansion_changes_exactly_one_axis(tmp_path):
+    camp = load_campaign(
+        write_campaign(
+            tmp_path / "c.yaml",
+            "c",
+            4,
+            {
+                "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]},
+                "zvf": {"key": "algorithm.zero_variance_filter", "values": [True, False]},
+            },
+            seeds=[0, 1],
+        )
+    )
+    specs = expand(camp)
+    assert [(s.variant, s.seed) for s in specs] == [
+        (v, s) for v in ("baseline", "loss=dapo", "loss=gspo", "zvf=off") for s in (0, 1)
+    ]
+    base = specs[0].recipe.flat()
+    for s in specs[2:]:
+        diff = {k for k, v in s.recipe.flat().items() if base[k] != v} - {"name", "train.seed"}
+        assert len(diff) == 1
+    assert len({s.run_key for s in specs}) == len(specs)  # identity includes variant and seed
+    assert [s.variant for s in expand(camp, "zvf")] == ["baseline", "baseline", "zvf=off", "zvf=off"]
+
+
+def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
+    path = write_campaign(
+        tmp_path / "tiny.yaml",
+        "tiny-loo",
+        4,
+        {
+            "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]},
+            "sampling": {"key": "algorithm.sampling", "values": ["no_positive_resampling", "uniform"]},
+        },
+    )
+    summary = run_campaign(path, log=lambda m: None)
+    assert summary["ran"] == 3 and not summary["failures"]
+
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("tiny-loo")
+    parent = client.search_runs([exp.experiment_id], "tags.`prl.kind` = 'campaign'")[0]
+    children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+    assert sorted(r.data.tags["prl.variant"] for r in children) == ["baseline", "loss=dapo", "sampling=uniform"]
+    for run in children:
+        tags, params = run.data.tags, run.data.params
+        assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["prl.done"] == "1"
+        assert {"prl.seed", "prl.axis", "prl.git_commit", "prl.versions", "prl.code_version"} <= set(tags)
+        assert params["train.steps"] == "4" and "algorithm.loss" in params
+        assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
+        hours = [
+            m.value
+            for m in sorted(client.get_metric_history(run.info.run_id, "compute/gpu_hours"), key=lambda m: m.step)
+        ]
+        assert hours[0] == 0.0 and hours[1] < hours[2]
+        assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
+        arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"metrics.jsonl", "samples.jsonl", "recipe.yaml"} <= arts
+    assert summary_fit_written(tmp_path / "artifacts" / "campaigns")
+    again = run_campaign(path, log=lambda m: None)
+    assert again["ran"] == 0
+
+
+def summary_fit_written(root: Path) -> bool:
+    from analysis.loo import write_report
+
+    table = write_report("tiny-loo", root / "fit", {"a_grid": "0.05:1.0:0.005"}, log=lambda m: None)
+    return (root / "fit" / "loo_table.md").is_file() and set(table["variant"]) == {
+        "baseline",
+        "loss=dapo",
+        "sampling=uniform",
+    }
+
+
+def _kill_tree(pid: int) -> None:
+    parent = psutil.Process(pid)
+    for p in [*parent.children(recursive=True), parent]:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
+    path = write_campaign(tmp_path / "kill.yaml", "kill-resume", 10, {})
+    cmd = [sys.executable, "-m", "runners", "campaign", str(path), "--no-fit"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    client = MlflowClient(store)
+    deadline = time.time() + 300
+    run_id = None
+    while time.time() < deadline:
+        exp = client.get_experiment_by_name("kill-resume")
+        runs = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''") if exp else []
+        if runs:
+            run_id = runs[0].info.run_id
+            if max(history_steps(client, run_id, "val/mean_at_16"), default=-1) >= 4:
+                break
+        time.sleep(1)
+    _kill_tree(proc.pid)
+    proc.wait()
+    assert run_id is not None and 4 <= max(history_steps(client, run_id, "val/mean_at_16")) < 10
+
+    summary = run_campaign(path, log=lambda m: None)
+    assert summary["ran"] == 1 and not summary["failures"]
+    runs = client.search_runs([client.get_experiment_by_name("kill-resume").experiment_id], "tags.`prl.run_id` != ''")
+    assert [r.info.run_id for r in runs] == [run_id]  # resumed into the same MLflow run
+    assert history_steps(client, run_id, "val/mean_at_16") == [0, 2, 4, 6, 8, 10]
+    assert history_steps(client, run_id, "train/loss") == list(range(1, 11))
+    assert history_steps(client, run_id, "compute/gpu_hours") == [0, 2, 4, 6, 8, 10]
+
+
+def test_concurrent_runs_lose_no_metrics(store, tmp_path):
+    path = write_campaign(
+        tmp_path / "conc.yaml",
+        "concurrent",
+        4,
+        {
+            "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]},
+        },
+        parallel=3,
+    )
+    summary = run_campaign(path, log=lambda m: None)
+    assert summary["ran"] == 3 and not summary["failures"]
+    client = MlflowClient(store)
+    runs = client.search_runs([client.get_experiment_by_name("concurrent").experiment_id], "tags.`prl.run_id` != ''")
+    assert len(runs) == 3
+    for r in runs:
+        assert history_steps(client, r.info.run_id, "val/mean_at_16") == [0, 2, 4]
+        assert history_steps(client, r.info.run_id, "train/loss") == [1, 2, 3, 4]
+
+
+def test_mlflow_ui_serves_the_campaign(store, tmp_path):
+    client = MlflowClient(store)
+    exp_id = client.create_experiment("ui-check")
+    run = client.create_run(exp_id, run_name="r", tags={"prl.variant": "baseline"})
+    client.log_metric(run.info.run_id, "val/mean_at_16", 0.5, step=0)
+    port = 5000 + os.getpid() % 1000
+    ui = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "ui",
+            "--backend-store-uri",
+            store,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ui-check") as r:
+            assert json.load(r)["experiment"]["experiment_id"] == exp_id
+        req = urllib.request.Request(
+            f"{base}/api/2.0/mlflow/runs/search",
+            method="POST",
+            data=json.dumps({"experiment_ids": [exp_id]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req) as r:
+            runs = json.load(r)["runs"]
+        assert runs[0]["data"]["metrics"][0]["key"] == "val/mean_at_16"
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
