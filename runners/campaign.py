@@ -260,9 +260,8 @@ def run_campaign(
                 else:
                     tail = _tail(rdir / "run.log")
                     failures.append((spec, tail))
-                    log(
-                        f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {tail.splitlines()[-1] if tail else ''}"
-                    )
+                    last = tail.splitlines()[-1] if tail else ""
+                    log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
     wall = time.perf_counter() - t0
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {

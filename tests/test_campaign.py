@@ -3,6 +3,7 @@ concurrent writers, the fit table and the MLflow UI's REST API."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -135,10 +136,8 @@ def summary_fit_written(root: Path) -> bool:
 def _kill_tree(pid: int) -> None:
     parent = psutil.Process(pid)
     for p in [*parent.children(recursive=True), parent]:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
 
 
 def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
