@@ -12,7 +12,7 @@ INSTRUCTION = "Think inside <think></think>, then give the final answer inside <
 
 
 def task_of(recipe: Recipe) -> ArithmeticTask:
-    return ArithmeticTask(**recipe.data.task.__dict__)
+    return recipe.data.task
 
 
 def _prompt(problem: str, tokenizer) -> str | list[dict]:

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from runners.tasks import ArithmeticTask
+
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
 INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
 
@@ -35,24 +37,12 @@ class ModelConfig:
 
 
 @dataclass
-class TaskConfig:
-    min_operands: int = 2
-    max_operands: int = 4
-    max_operand: int = 9
-    ops: str = "+-"
-    demo_error_rate: float = 0.3
-    n_train: int = 20_000
-    n_val: int = 200
-    seed: int = 0
-
-
-@dataclass
 class DataConfig:
     path: str | None = None  # JSONL with problem/answer fields; None = the embedded task
     val_path: str | None = None  # held-out JSONL; None = a disjoint split of `path`
     problem_field: str = "problem"
     answer_field: str = "answer"
-    task: TaskConfig = field(default_factory=TaskConfig)
+    task: ArithmeticTask = field(default_factory=ArithmeticTask)  # the embedded task and its difficulty
     reward: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0})
 
 
@@ -280,7 +270,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RecipeError(f"unknown key {dotted!r}{hint} Valid keys here: {', '.join(names)}")
         kwargs[key] = _coerce(hints[key], value, dotted)
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a section's own checks (e.g. ArithmeticTask.__post_init__)
+        raise RecipeError(f"{where}: {e}") from None
 
 
 def _coerce(tp: Any, value: Any, where: str) -> Any:

@@ -233,3 +233,20 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
+
+
+def test_notebook_runs_on_a_tiny_campaign(store, tmp_path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = write_campaign(tmp_path / "nb.yaml", "nb-campaign", 4, {
+        "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]},
+    })
+    assert not run_campaign(path, log=lambda m: None)["failures"]
+    monkeypatch.setenv("PRL_CAMPAIGN", "nb-campaign")
+    nb = nbformat.read(Path(__file__).resolve().parent.parent / "analysis" / "loo.ipynb", as_version=4)
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = json.dumps([o.get("data", {}) for o in outputs])
+    assert "loss=dapo" in text and "baseline" in text and "image/png" in text
