@@ -39,7 +39,9 @@ def batched_lm(
     for _ in range(iters):
         JtJ = np.einsum("bni,bnj->bij", J, J)
         g = np.einsum("bni,bn->bi", J, r)
-        H = JtJ + lam[:, None, None] * (np.einsum("bii->bi", JtJ)[:, :, None] * eye + 1e-12 * eye)
+        # Marquardt's scaled damping plus a tiny absolute ridge, so H stays invertible when a
+        # parameter has no effect on the residuals (e.g. B when A equals R0).
+        H = JtJ + lam[:, None, None] * np.einsum("bii->bi", JtJ)[:, :, None] * eye + 1e-12 * eye
         cand = np.clip(theta[rows] - np.linalg.solve(H, g[..., None])[..., 0], lower, upper)
         r_new, J_new = fun(cand, rows)
         sse_new = np.einsum("bn,bn->b", r_new, r_new)
@@ -47,7 +49,7 @@ def batched_lm(
         gain = np.where(better, sse - sse_new, 0.0)
         theta[rows[better]] = cand[better]
         r[better], J[better], sse[better] = r_new[better], J_new[better], sse_new[better]
-        lam = np.where(better, lam / 3.0, lam * 4.0)
+        lam = np.clip(np.where(better, lam / 3.0, lam * 4.0), 1e-12, 1e16)
         done = (better & (gain <= rtol * sse)) | (~better & (lam > 1e10))
         sse_out[rows[done]] = sse[done]
         keep = ~done
