@@ -97,19 +97,28 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
                 b_shared.append(np.nan)
                 continue
             c = compare_fits(fits["baseline"], fits[v], margin=cfg["margin"], names=("baseline", v))
-            verdicts.append(_short_verdict(c))
+            verdicts.append(_short_verdict(c, boots["baseline"].interval("A"), boots["baseline"].interval("B")))
             b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
     return table, {"fits": fits, "boots": boots}
 
 
-def _short_verdict(c) -> str:
+def _short_verdict(c, baseline_a_interval: tuple[float, float], baseline_b_interval: tuple[float, float]) -> str:
+    """The paper's verdict, plus whether the difference is inside the baseline's own bootstrap noise."""
     if c.winner == "tie":
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
+    lo, hi = baseline_b_interval
+    if c.rule == "B" and lo <= c.B_candidate <= hi:
+        return (f"no measurable difference: same A within margin, B {c.B_candidate:.2f} vs {c.B_baseline:.2f} "
+                f"is inside the baseline's 95% interval [{lo:.2f}, {hi:.2f}]")
     better = c.winner == c.candidate
     if c.rule == "A":
-        return f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f})"
+        text = f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f})"
+        a_lo, a_hi = baseline_a_interval
+        if a_lo <= c.A_candidate <= a_hi:
+            text += f", but inside the baseline's 95% interval [{a_lo:.3f}, {a_hi:.3f}]: not significant"
+        return text
     return (
         f"same A within margin; {'more' if better else 'less'} compute-efficient "
         f"(B {c.B_candidate:.2f} vs {c.B_baseline:.2f} at A={c.shared_A:.3f})"
