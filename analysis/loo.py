@@ -110,8 +110,10 @@ def _short_verdict(c, baseline_a_interval: tuple[float, float], baseline_b_inter
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
     lo, hi = baseline_b_interval
     if c.rule == "B" and lo <= c.B_candidate <= hi:
-        return (f"no measurable difference: same A within margin, B {c.B_candidate:.2f} vs {c.B_baseline:.2f} "
-                f"is inside the baseline's 95% interval [{lo:.2f}, {hi:.2f}]")
+        return (
+            f"no measurable difference: same A within margin, B {c.B_candidate:.2f} vs {c.B_baseline:.2f} "
+            f"is inside the baseline's 95% interval [{lo:.2f}, {hi:.2f}]"
+        )
     better = c.winner == c.candidate
     if c.rule == "A":
         text = f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f})"

@@ -239,9 +239,14 @@ def test_notebook_runs_on_a_tiny_campaign(store, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
-    path = write_campaign(tmp_path / "nb.yaml", "nb-campaign", 4, {
-        "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]},
-    })
+    path = write_campaign(
+        tmp_path / "nb.yaml",
+        "nb-campaign",
+        4,
+        {
+            "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]},
+        },
+    )
     assert not run_campaign(path, log=lambda m: None)["failures"]
     monkeypatch.setenv("PRL_CAMPAIGN", "nb-campaign")
     nb = nbformat.read(Path(__file__).resolve().parent.parent / "analysis" / "loo.ipynb", as_version=4)
