@@ -107,15 +107,14 @@ def format_plan(r: Recipe) -> str:
     w2 = max(len(v) for _, v, _ in rows)
     out = [f"Batch plan for recipe {r.name!r}", ""]
     out += [f"  {q:<{w1}}  {v:<{w2}}  ← {how}" for q, v, how in rows]
-    a = r.algorithm
+    a, t = r.algorithm, trl_args(r)
     out += [
         "",
         "  Algorithm → TRL:",
-        f"    loss {a.loss} → loss_type={trl_args(r)['loss_type']!r}, importance_sampling_level="
-        f"{trl_args(r)['importance_sampling_level']!r}, epsilon={trl_args(r)['epsilon']}, "
-        f"epsilon_high={trl_args(r)['epsilon_high']}",
+        f"    loss {a.loss} → loss_type={t['loss_type']!r}, importance_sampling_level="
+        f"{t['importance_sampling_level']!r}, epsilon={t['epsilon']}, epsilon_high={t['epsilon_high']}",
         f"    aggregation {a.aggregation} → per-completion advantage weights (runners.trainer)",
-        f"    advantage_norm {a.advantage_norm} → scale_rewards={trl_args(r)['scale_rewards']!r}",
+        f"    advantage_norm {a.advantage_norm} → scale_rewards={t['scale_rewards']!r}",
         f"    fp32_lm_head {a.fp32_lm_head} → cast_lm_head_to_fp32={a.fp32_lm_head}"
         + (" (no-op: the model trains in float32)" if r.model.dtype == "float32" and a.fp32_lm_head else ""),
         f"    zero_variance_filter {a.zero_variance_filter}, sampling {a.sampling}"

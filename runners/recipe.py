@@ -82,7 +82,7 @@ class BatchConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-4
+    lr: float = 1.5e-4
     adam_epsilon: float = 1e-15
     weight_decay: float = 0.01
     warmup_steps: int = 5

@@ -15,7 +15,7 @@ import pandas as pd
 from scalefit.compare import compare_fits
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, fit_sigmoid
-from scalefit.grids import PAPER_CMID_GRID, parse_grid
+from scalefit.grids import parse_grid
 from scalefit.powerlaw import fit_power_law
 from scalefit.uncertainty import Bootstrap, bootstrap
 
@@ -46,11 +46,7 @@ def read_curves(path: str, x: str, y: str, run_col: str) -> dict[str, tuple[np.n
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     cmid: Any = args.cmid_grid
-    if cmid == "paper":
-        cmid = PAPER_CMID_GRID
-    elif cmid == "auto":
-        cmid = None
-    else:
+    if cmid not in ("paper", "auto"):  # fit_sigmoid takes the two names itself
         cmid = parse_grid(cmid, name="--cmid-grid", kind="count")
     a_grid = parse_grid(args.a_grid, name="--a-grid", kind="step") if args.a_grid else None
     return dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
