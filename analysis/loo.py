@@ -80,6 +80,7 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             C_mid=f.C_mid,
             R0=f.R0,
             sse=f.sse,
+            a_at_edge=f.A in (f.a_grid[0], f.a_grid[-1]),
             note="; ".join(str(w.message) for w in caught),
         )
         if g["seed"].nunique() > 1:
@@ -97,7 +98,11 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
                 b_shared.append(np.nan)
                 continue
             c = compare_fits(fits["baseline"], fits[v], margin=cfg["margin"], names=("baseline", v))
-            verdicts.append(_short_verdict(c, boots["baseline"].interval("A"), boots["baseline"].interval("B")))
+            verdict = _short_verdict(c, boots["baseline"].interval("A"), boots["baseline"].interval("B"))
+            edges = [n for n in ("baseline", v) if fits[n].A in (fits[n].a_grid[0], fits[n].a_grid[-1])]
+            if edges:
+                verdict += f"; A of {' and '.join(edges)} at the grid edge: not saturated, asymptote not identified"
+            verdicts.append(verdict)
             b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
@@ -138,6 +143,8 @@ def to_markdown(table: pd.DataFrame) -> str:
             if "A" in r and not pd.isna(r.get("A"))
             else r.get("note", "")
         )
+        if r.get("a_at_edge") is True:
+            a += " (grid edge)"
         lines.append(
             f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
             f"{fmt(r['final_mean_at_16'], '.3f')} | {r.get('verdict', '')} |"

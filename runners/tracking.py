@@ -25,7 +25,8 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_STORE).resolve()}"
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -35,7 +36,7 @@ def _free_port() -> int:
 def local_server(backend_uri: str, artifacts: Path, *, port: int | None = None, log=print) -> Iterator[str]:
     """Run ``mlflow server`` on 127.0.0.1 in front of a SQLite store, so that many processes can
     log at once without "database is locked" (one writer: the server). Yields its URL."""
-    port = port or _free_port()
+    port = port or free_port()
     artifacts.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
