@@ -80,7 +80,7 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             C_mid=f.C_mid,
             R0=f.R0,
             sse=f.sse,
-            a_at_edge=f.A in (f.a_grid[0], f.a_grid[-1]),
+            a_at_edge=f.a_at_edge,
             note="; ".join(str(w.message) for w in caught),
         )
         if g["seed"].nunique() > 1:
@@ -99,7 +99,7 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
                 continue
             c = compare_fits(fits["baseline"], fits[v], margin=cfg["margin"], names=("baseline", v))
             verdict = _short_verdict(c, boots["baseline"].interval("A"), boots["baseline"].interval("B"))
-            edges = [n for n in ("baseline", v) if fits[n].A in (fits[n].a_grid[0], fits[n].a_grid[-1])]
+            edges = [n for n in ("baseline", v) if fits[n].a_at_edge]
             if edges:
                 verdict += f"; A of {' and '.join(edges)} at the grid edge: not saturated, asymptote not identified"
             verdicts.append(verdict)

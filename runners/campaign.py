@@ -100,19 +100,12 @@ def run_key(recipe: Recipe) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _get(data: dict[str, Any], dotted: str) -> Any:
-    node: Any = data
-    for part in dotted.split("."):
-        node = node[part]
-    return node
-
-
 def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
     """Baseline + one variant per non-baseline value of each axis (LOO), or every value (forward); x seeds."""
     if only_axis is not None and only_axis not in camp.axes:
         raise RecipeError(f"AXIS={only_axis!r} is not an axis of {camp.name}; axes: {', '.join(camp.axes)}")
     base_raw = apply_overrides(raw_recipe(camp.baseline), camp.overrides)
-    base_recipe = recipe_from_dict(base_raw)
+    base_flat = recipe_from_dict(base_raw).flat()
     variants: list[tuple[str, str | None, Any, dict[str, Any]]] = []
     if camp.kind == "loo":
         variants.append(("baseline", None, None, {}))
@@ -120,7 +113,7 @@ def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
         if only_axis is not None and axis_name != only_axis:
             continue
         try:
-            current = _get(base_recipe.to_dict(), axis.key)
+            current = base_flat[axis.key]
         except KeyError:
             raise RecipeError(f"{camp.path}: axis {axis_name!r}: {axis.key!r} is not a recipe key") from None
         for value in axis.values:
@@ -228,7 +221,7 @@ def run_campaign(
     use_server = uri.startswith("sqlite:")
     server = local_server(uri, runs_root / camp.name / "mlartifacts", log=log) if use_server else None
     failures: list[tuple[RunSpec, str]] = []
-    with server if server is not None else _nullctx(uri) as worker_uri:
+    with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
         worker_client = MlflowClient(worker_uri)
         slots = _slots(camp)
         running: list[tuple[subprocess.Popen, RunSpec, Path, Any]] = []
@@ -272,12 +265,8 @@ def run_campaign(
         "experiment_id": exp_id,
         "parent_run_id": parent.info.run_id,
         "tracking_uri": uri,
+        "campaign": camp,
     }
-
-
-@contextlib.contextmanager
-def _nullctx(value: str):
-    yield value
 
 
 def _slots(camp: Campaign) -> list[str | None]:

@@ -56,7 +56,7 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from runners.campaign import load_campaign, run_campaign
+    from runners.campaign import run_campaign
 
     t0 = time.perf_counter()
     summary = run_campaign(args.campaign, only_axis=args.axis, dry_run=args.dry_run, log=lambda m: print(m, flush=True))
@@ -66,7 +66,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     if not args.no_fit:
         from analysis.loo import write_report
 
-        camp = load_campaign(args.campaign)
+        camp = summary["campaign"]
         try:
             write_report(
                 camp.name,

@@ -51,6 +51,11 @@ class SigmoidFit:
     inputs: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
+    def a_at_edge(self) -> bool:
+        """A landed on the first or last grid value: the optimum may lie outside the grid."""
+        return len(self.a_grid) > 1 and self.A in (self.a_grid[0], self.a_grid[-1])
+
+    @property
     def n_points(self) -> int:
         return len(self.compute)
 
