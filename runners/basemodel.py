@@ -129,7 +129,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         seed=task.seed,
         bf16=False,
         use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
+        dataloader_num_workers=4 if torch.cuda.is_available() else 0,
         disable_tqdm=True,
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=demos, processing_class=tokenizer)
@@ -154,7 +154,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
     }
 
 
-def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None):
+def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None, attention: str | None = None):
     """Load any local Hugging Face checkpoint with its tokenizer; clear errors for missing pieces."""
     p = Path(path)
     if not p.is_dir():
@@ -166,5 +166,5 @@ def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None):
     tokenizer = AutoTokenizer.from_pretrained(str(p))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype)
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype, attn_implementation=attention)
     return model, tokenizer

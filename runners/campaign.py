@@ -232,7 +232,7 @@ def run_campaign(
                 spec = queue.pop(0)
                 device = _free_slot(slots, running)
                 run = existing.get(spec.run_key) or _create_child(worker_client, exp_id, parent, camp, spec)
-                threads = max(1, (os.cpu_count() or 1) // len(slots)) if device is None else None
+                threads = max(1, (os.cpu_count() or 1) // len(slots))
                 proc, rdir, logf = _launch(spec, run.info.run_id, worker_uri, runs_root / camp.name, device, threads)
                 running.append((proc, spec, rdir, (logf, device)))
                 log(
@@ -315,8 +315,8 @@ def _launch(spec: RunSpec, run_id: str, uri: str, root: Path, device: str | None
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
-    elif threads is not None:
-        env.setdefault("OMP_NUM_THREADS", str(threads))  # CPU runs share the cores instead of oversubscribing
+    if threads is not None:
+        env.setdefault("OMP_NUM_THREADS", str(threads))  # concurrent runs share the cores instead of oversubscribing
     logf = (rdir / "run.log").open("a")
     cmd = [sys.executable, "-m", "runners", "train", str(rdir / "recipe.yaml"), "--run-dir", str(rdir)]
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)

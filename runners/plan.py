@@ -13,7 +13,7 @@ ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
 def trl_args(r: Recipe) -> dict[str, Any]:
     """GRPOConfig keyword arguments for a recipe (one process; TRL multiplies by world size)."""
     a = r.algorithm
-    grad_accum = r.mini_batch // r.batch.micro_batch
+    grad_accum = r.mini_batch // r.micro_batch
     eps_low, eps_high = {
         "cispo": (0.2, a.cispo_epsilon_max),  # CISPO uses only epsilon_high (= ε_max)
         "dapo": a.dapo_epsilon,
@@ -27,9 +27,9 @@ def trl_args(r: Recipe) -> dict[str, Any]:
         "cast_lm_head_to_fp32": a.fp32_lm_head,
         "scale_rewards": ADVANTAGE[a.advantage_norm],
         "num_generations": r.batch.generations,
-        "per_device_train_batch_size": r.batch.micro_batch,
+        "per_device_train_batch_size": r.micro_batch,
         "gradient_accumulation_steps": grad_accum,
-        "steps_per_generation": r.rollouts // r.batch.micro_batch,
+        "steps_per_generation": r.rollouts // r.micro_batch,
         "num_iterations": r.batch.epochs,
         "max_completion_length": r.max_completion_tokens,
         "temperature": r.train.temperature,
@@ -63,12 +63,12 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
         (
             "rollouts per step (prompts x generations)",
             f"{b.prompts} x {b.generations} = {r.rollouts}",
-            f"per_device_train_batch_size x steps_per_generation = {b.micro_batch} x {t['steps_per_generation']}",
+            f"per_device_train_batch_size x steps_per_generation = {r.micro_batch} x {t['steps_per_generation']}",
         ),
         (
             "mini-batch (completions per optimizer update)",
             f"{r.mini_batch}",
-            f"per_device_train_batch_size x gradient_accumulation_steps = {b.micro_batch} x "
+            f"per_device_train_batch_size x gradient_accumulation_steps = {r.micro_batch} x "
             f"{t['gradient_accumulation_steps']} (x world size)",
         ),
         (
@@ -79,18 +79,20 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
         ),
         (
             "gradient-accumulation steps (mini-batch / micro-batch)",
-            f"{r.mini_batch} / {b.micro_batch} = {t['gradient_accumulation_steps']}",
+            f"{r.mini_batch} / {r.micro_batch} = {t['gradient_accumulation_steps']}",
             f"gradient_accumulation_steps = {t['gradient_accumulation_steps']}",
         ),
         (
             "micro-batch (completions per forward/backward) — sets GPU memory",
-            f"{b.micro_batch} x up to {r.max_completion_tokens} completion tokens",
-            f"per_device_train_batch_size = {b.micro_batch}, max_completion_length = {t['max_completion_length']}",
+            f"{r.micro_batch} x up to {r.max_completion_tokens} completion tokens",
+            f"per_device_train_batch_size = {r.micro_batch}, max_completion_length = {t['max_completion_length']}",
         ),
         (
             "off-policy algorithm",
-            f"{r.algorithm.off_policy}" + (f"-{r.algorithm.off_policy_k}" if r.algorithm.off_policy == "ppo" else ""),
-            "steps_per_generation > gradient_accumulation_steps means PPO-off-policy (stale mini-batches)",
+            f"{r.algorithm.off_policy}-{r.algorithm.off_policy_k}"
+            + (f", lag {r.algorithm.pipeline_lag}" if r.algorithm.off_policy == "pipeline" else ""),
+            "steps_per_generation > gradient_accumulation_steps means PPO-off-policy (stale mini-batches); "
+            "pipeline lag L trains each step on the batch generated L steps earlier",
         ),
         ("optimizer steps in the run", f"{r.train.steps}", f"max_steps = {r.train.steps}"),
         (

@@ -34,6 +34,7 @@ class ModelConfig:
     size: str | None = "small"  # embedded base model: tiny | small | medium
     path: str | None = None  # or any local Hugging Face checkpoint directory
     dtype: Literal["float32", "bfloat16"] = "float32"
+    attention: Literal["sdpa", "eager"] = "sdpa"  # transformers' attn_implementation
 
 
 @dataclass
@@ -60,6 +61,7 @@ class AlgorithmConfig:
     npr_threshold: float = 0.9
     off_policy: Literal["pipeline", "ppo"] = "pipeline"
     off_policy_k: int = 8
+    pipeline_lag: int = 0  # pipeline: train on the batch generated this many steps earlier (<= off_policy_k)
 
 
 @dataclass
@@ -76,7 +78,7 @@ class LengthConfig:
 class BatchConfig:
     prompts: int = 16  # prompts per generation step
     generations: int = 16  # completions per prompt
-    micro_batch: int = 64  # completions per forward/backward pass (sets memory)
+    micro_batch: int = 64  # most completions per forward/backward pass (sets memory); capped at the mini-batch
     epochs: int = 1  # passes over each generated batch (TRL num_iterations)
 
 
@@ -130,6 +132,11 @@ class Recipe:
     @property
     def mini_batch(self) -> int:
         return self.rollouts // self.updates_per_generation
+
+    @property
+    def micro_batch(self) -> int:
+        """Completions per forward/backward: ``batch.micro_batch``, or the whole mini-batch when that is smaller."""
+        return min(self.batch.micro_batch, self.mini_batch)
 
     @property
     def max_completion_tokens(self) -> int:
@@ -353,6 +360,11 @@ def validate(r: Recipe) -> None:
         _require(0 < lo < 1 and hi > 0, f"algorithm.{key} = {[lo, hi]}: need 0 < low < 1 and high > 0")
     _require(0 < a.npr_threshold <= 1, f"algorithm.npr_threshold = {a.npr_threshold}: must be in (0, 1]")
     _require(a.off_policy_k >= 1, f"algorithm.off_policy_k = {a.off_policy_k}: must be >= 1")
+    _require(
+        0 <= a.pipeline_lag <= a.off_policy_k,
+        f"algorithm.pipeline_lag = {a.pipeline_lag}: must be in [0, off_policy_k = {a.off_policy_k}] "
+        "(PipelineRL-k bounds staleness by k)",
+    )
     _require(b.prompts >= 1, f"batch.prompts = {b.prompts}: must be >= 1")
     _require(
         b.generations >= 2,
@@ -367,7 +379,7 @@ def validate(r: Recipe) -> None:
             "into k mini-batches: pick k that divides it",
         )
     _require(
-        r.mini_batch % b.micro_batch == 0,
+        r.mini_batch % r.micro_batch == 0,
         f"batch.micro_batch = {b.micro_batch} does not divide the mini-batch of {r.mini_batch} completions per "
         f"optimizer update ({r.rollouts} rollouts / {r.updates_per_generation} update(s)); "
         f"use a divisor such as {_divisor_hint(r.mini_batch, b.micro_batch)}",

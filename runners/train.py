@@ -185,8 +185,9 @@ def prepare_model(recipe: Recipe, log=print):
         path = Path(recipe.model.path)
     else:
         path = ensure_base_model(recipe.model.size, task_of(recipe), log=log)
-    dtype = torch.bfloat16 if recipe.model.dtype == "bfloat16" else torch.float32
-    return load_model_and_tokenizer(path, torch_dtype=dtype)
+    # fp32 master weights always; model.dtype bfloat16 trains under bf16 autocast (GRPOConfig bf16=True).
+    # Pure-bf16 weights with Adam went NaN within 10 steps on an H200 (plain TRL too).
+    return load_model_and_tokenizer(path, torch_dtype=torch.float32, attention=recipe.model.attention)
 
 
 def train(
@@ -196,6 +197,7 @@ def train(
     sinks: list[MetricsSink] | None = None,
     log=print,
     extra_args: dict[str, Any] | None = None,
+    callbacks: list[TrainerCallback] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) one recipe; returns the final evaluation and compute."""
     run_dir = Path(run_dir)
@@ -228,7 +230,7 @@ def train(
         reward_funcs=funcs,
         train_dataset=Dataset.from_list(train_rows),
         processing_class=tokenizer,
-        callbacks=[progress],
+        callbacks=[progress, *(callbacks or [])],
         recipe=recipe,
     )
     progress.trainer = trainer

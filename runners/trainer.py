@@ -16,13 +16,17 @@ points and without copying its code:
 - interruptions: generation stops at a thinking budget drawn per completion; if
   ``</think>`` was not written by then, the interruption phrase is appended and the model
   writes its answer within an answer budget;
+- PipelineRL lag: on one process generation never overlaps training, so PipelineRL-k would
+  be on-policy; ``pipeline_lag`` L trains each step on the batch generated L steps earlier,
+  with behaviour log-probs recorded at generation (so the losses' importance ratios and
+  clipping act as they do under real asynchrony);
 - metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness.
 """
 
 from __future__ import annotations
 
 import random
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 import torch
@@ -79,6 +83,7 @@ class ScaleRLTrainer(GRPOTrainer):
         self._last_rewards: torch.Tensor | None = None
         self._rng = random.Random(recipe.train.seed)
         self.compute_tokens = 0
+        self._pipeline: deque[tuple[int, dict]] = deque()  # (generation step, scored batch), oldest first
         super().__init__(*args, **kwargs)
         tok = self.processing_class
         ln = recipe.length
@@ -128,6 +133,9 @@ class ScaleRLTrainer(GRPOTrainer):
         n_local = out["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
 
+        if algo.off_policy == "pipeline" and algo.pipeline_lag > 0 and out.get("old_per_token_logps") is None:
+            out["old_per_token_logps"] = self._behaviour_logps(out)
+
         mask = out["completion_mask"] * keep[local].unsqueeze(1).to(out["completion_mask"].dtype)
         out["completion_mask"] = mask
         lengths = self.accelerator.gather(mask.sum(1))  # every process's completions, in order
@@ -139,7 +147,34 @@ class ScaleRLTrainer(GRPOTrainer):
         m = self._metrics["train"]
         m["filter/zero_variance_frac"].append(zero_var.float().mean().item())
         m["filter/effective_prompts"].append(float(keep.view(-1, g)[:, 0].sum()))
-        return out
+        return self._pipeline_delay(out) if algo.off_policy == "pipeline" else out
+
+    # --- PipelineRL lag ---------------------------------------------------------------
+    @torch.no_grad()
+    def _behaviour_logps(self, out: dict) -> torch.Tensor:
+        """Log-probs of the completions under the generating (behaviour) policy, taken at generation time."""
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, ids, attention, out["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size
+        )
+        return logps
+
+    def _pipeline_delay(self, out: dict) -> dict:
+        """Emulate PipelineRL's bounded staleness on one process: train on the batch generated ``lag`` steps ago.
+
+        Generation keeps pace with training, so every step still generates one batch; the trainer consumes the
+        oldest of the last ``lag + 1``. While the pipeline fills (the first ``lag`` steps) the first batch is used.
+        Behaviour log-probs were recorded at generation, so the loss's importance ratios see the staleness.
+        """
+        lag = self.recipe.algorithm.pipeline_lag
+        step = self.state.global_step
+        self._pipeline.append((step, out))
+        while len(self._pipeline) > lag + 1:
+            self._pipeline.popleft()
+        born, batch = self._pipeline[0]
+        self._metrics["train"]["off_policy/staleness"].append(float(step - born))
+        return batch
 
     # --- PPO-off-policy-k staleness ----------------------------------------------
     def _prepare_inputs(self, generation_batch):
@@ -147,7 +182,7 @@ class ScaleRLTrainer(GRPOTrainer):
         if self.model.training:
             ga = self.args.gradient_accumulation_steps
             cycle = self.args.steps_per_generation * self.num_iterations
-            if self._step % ga == 0:
+            if self._step % ga == 0 and self.recipe.algorithm.off_policy == "ppo":
                 self._metrics["train"]["off_policy/staleness"].append(float((self._step % cycle) // ga))
         return out
 

@@ -11,7 +11,7 @@ from trl import GRPOConfig
 
 from runners.basemodel import load_model_and_tokenizer
 from runners.plan import trl_args
-from runners.recipe import recipe_from_dict
+from runners.recipe import RecipeError, recipe_from_dict
 from runners.sampling import NoPositiveResamplingSampler
 from runners.train import reward_setup
 from runners.trainer import ScaleRLTrainer, aggregation_weights, zero_variance_groups
@@ -303,3 +303,25 @@ def test_loss_type_mapping():
         t = trl_args(make_recipe(algorithm={"loss": loss}))
         assert (t["loss_type"], t["importance_sampling_level"]) == (lt, level)
         assert math.isclose(t["epsilon_high"], eps_hi)
+
+
+def test_pipeline_lag_trains_on_the_batch_generated_lag_steps_earlier(random_model_dir, tmp_path):
+    recipe = make_recipe(algorithm={"pipeline_lag": 1, "zero_variance_filter": False})
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
+    got = []
+    for step in range(3):
+        trainer.state.global_step = step
+        got.append(scored_batch(trainer, REWARDS))
+    # step 0 trains on its own batch, step 1 still on batch 0 (pipeline filling), step 2 on batch 1
+    assert got[1] is got[0] and got[2] is not got[1]
+    assert [born for born, _ in trainer._pipeline] == [1, 2] and trainer._pipeline[0][1] is got[2]
+    assert trainer._metrics["train"]["off_policy/staleness"] == [0.0, 1.0, 1.0]
+    with torch.no_grad():  # behaviour log-probs were recorded at generation, under the generating policy
+        mask = got[2]["completion_mask"].bool()
+        want = _policy_logps(trainer, got[2])
+        torch.testing.assert_close(got[2]["old_per_token_logps"][mask], want[mask], rtol=1e-4, atol=1e-5)
+
+
+def test_pipeline_lag_is_bounded_by_k():
+    with pytest.raises(RecipeError, match="pipeline_lag = 9"):
+        make_recipe(algorithm={"pipeline_lag": 9, "off_policy_k": 8})

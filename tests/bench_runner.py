@@ -1,0 +1,149 @@
+"""``make bench-runner``: the project's runner against a plain TRL ``GRPOTrainer`` script, same settings.
+
+1. plain TRL: ``GRPOTrainer`` with the recipe's TRL arguments and rewards, nothing else;
+2. the runner: ``runners.train.train`` on the same recipe (``ScaleRLTrainer`` + evaluation callbacks), with
+   the axes plain TRL cannot express set to TRL's own behaviour (uniform sampling, no zero-variance filter,
+   token aggregation, length penalty, no pipeline lag), so both do the same work;
+3. the full baseline through the runner at the recipe's evaluation cadence: evaluation's share of run time.
+
+Training throughput counts completion tokens over the time from each step's start to its optimizer step
+(evaluation, which runs after the optimizer step, is excluded; the first step is warm-up and is dropped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from runners.plan import trl_args
+from runners.recipe import load_recipe
+from runners.train import prepare_model, reward_setup, train
+
+TRL_EQUIVALENT = {
+    "algorithm.sampling": "uniform",
+    "algorithm.zero_variance_filter": False,
+    "algorithm.aggregation": "token",
+    "algorithm.pipeline_lag": 0,
+    "length.control": "penalty",
+}
+
+
+class Throughput(TrainerCallback):
+    """Seconds from each step's start to its optimizer step, and completion tokens per step."""
+
+    def __init__(self, rollouts: int) -> None:
+        self.rollouts, self.seconds, self.tokens, self._t = rollouts, [], [], 0.0
+
+    def on_step_begin(self, args, state, control, **kw):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._t = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kw):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.seconds.append(time.perf_counter() - self._t)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "completions/mean_length" in logs:
+            self.tokens.append(logs["completions/mean_length"] * self.rollouts)
+
+    def summary(self) -> dict[str, float]:
+        secs, toks = sum(self.seconds[1:]), sum(self.tokens[1:])
+        return {"steps": len(self.seconds) - 1, "train_seconds": secs, "completion_tokens_per_s": toks / secs}
+
+
+def plain_trl(recipe, out: Path) -> dict[str, float]:
+    from runners.data import load_rows
+
+    model, tok = prepare_model(recipe)
+    rows, _ = load_rows(recipe, tok)
+    funcs, weights = reward_setup(recipe)
+    meter = Throughput(recipe.rollouts)
+    args = GRPOConfig(
+        output_dir=str(out),
+        **trl_args(recipe),
+        reward_weights=weights,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=model, args=args, reward_funcs=funcs, train_dataset=Dataset.from_list(rows), processing_class=tok
+    )
+    trainer.add_callback(meter)
+    trainer.train()
+    return meter.summary()
+
+
+def runner(recipe, out: Path) -> dict[str, float]:
+    meter = Throughput(recipe.rollouts)
+    t0 = time.perf_counter()
+    train(recipe, out, log=lambda m: print(m, flush=True), callbacks=[meter])
+    wall = time.perf_counter() - t0
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    last = lines[-1]
+    evals = [x["val/sequences_per_second"] for x in lines]
+    return {
+        **meter.summary(),
+        "wall_seconds": wall,
+        "eval_seconds": last["time/eval_seconds_total"],
+        "eval_seconds_each": last["time/eval_seconds_total"] / len(lines),
+        "step_seconds": last["compute/train_seconds"] / recipe.train.steps,
+        "eval_sequences_per_s": sum(evals) / len(evals),
+        "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.bench_runner", description=__doc__.splitlines()[0])
+    p.add_argument("recipe", nargs="?", default="scalerl-gpu" if torch.cuda.is_available() else "scalerl")
+    p.add_argument("--steps", type=int, default=30, help="training steps of each measured run")
+    p.add_argument("--out", type=Path, default=Path("artifacts/bench-runner"))
+    p.add_argument("--json", type=Path, help="also write the numbers here")
+    args = p.parse_args(argv)
+
+    steps = {"train.steps": args.steps, "train.save_every": args.steps}
+    same = load_recipe(args.recipe, {**steps, **TRL_EQUIVALENT, "eval.every": args.steps})
+    full = load_recipe(args.recipe, steps)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    print(f"recipe {args.recipe}, {args.steps} steps, {same.rollouts} completions/step, device {device}", flush=True)
+    prepare_model(full)  # build the base model once, outside every timing
+    res = {"recipe": args.recipe, "device": device, "steps": args.steps}
+    for name, fn in (
+        ("plain_trl", lambda: plain_trl(same, args.out / "plain")),
+        ("runner", lambda: runner(same, args.out / "runner")),
+        ("runner_full_baseline", lambda: runner(full, args.out / "full")),
+    ):
+        t0 = time.perf_counter()
+        res[name] = fn()
+        print(f"{name}: {json.dumps(res[name])} ({time.perf_counter() - t0:.0f} s)", flush=True)
+    plain, ours = res["plain_trl"]["completion_tokens_per_s"], res["runner"]["completion_tokens_per_s"]
+    res["overhead_ratio"] = plain / ours
+    f = res["runner_full_baseline"]
+    every = full.eval.every  # one evaluation per `every` training steps, the campaign's cadence
+    f["eval_share"] = f["eval_seconds_each"] / (f["eval_seconds_each"] + every * f["step_seconds"])
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2) + "\n")
+    print(f"\n{'':34}{'completion tok/s':>18}")
+    print(f"{'plain TRL GRPOTrainer':34}{plain:18.0f}")
+    print(f"{'runner (same settings)':34}{ours:18.0f}   overhead ratio {res['overhead_ratio']:.3f} (target <= 1.05)")
+    print(f"{'runner, full baseline recipe':34}{f['completion_tokens_per_s']:18.0f}")
+    print(
+        f"evaluation: {f['eval_sequences_per_s']:.0f} sequences/s, {100 * f['eval_share']:.1f}% of run time at "
+        f"eval.every = {full.eval.every} (target <= 15%); peak GPU memory {f['peak_gpu_gb']:.2f} GiB"
+    )
+
+
+if __name__ == "__main__":
+    main()
