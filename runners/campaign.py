@@ -315,6 +315,7 @@ def _launch(spec: RunSpec, run_id: str, uri: str, root: Path, device: str | None
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # packed runs fragment less
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))  # concurrent runs share the cores instead of oversubscribing
     logf = (rdir / "run.log").open("a")

@@ -111,6 +111,8 @@ class Progress(TrainerCallback):
             seed=step,
         )
         self.eval_seconds += time.perf_counter() - t0
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # evaluation's KV cache is the run's peak; give it back to packed neighbours
         if self.trainer.accelerator.is_main_process:
             with (self.run_dir / "samples.jsonl").open("a") as fh:
                 fh.write(json.dumps({"step": step, "samples": m.pop("samples")}) + "\n")
