@@ -14,7 +14,14 @@ from scalefit import FitError, bootstrap, compare_fits, fit_sigmoid, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
 
-CURVE_METRICS = ("val/mean_at_16", "val/pass_at_16", "compute/gpu_hours", "compute/tokens", "compute/flops")
+CURVE_METRICS = (
+    "val/mean_at_16",
+    "val/pass_at_16",
+    "compute/gpu_hours",
+    "compute/samples",
+    "compute/tokens",
+    "compute/flops",
+)
 DEFAULT_FIT = {"x": "compute/gpu_hours", "exclude_below": None, "a_grid": "0.05:1.0:0.005", "margin": 0.02}
 
 
@@ -32,6 +39,8 @@ def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
             hist = client.get_metric_history(run.info.run_id, key)
             cols[key] = pd.Series({m.step: m.value for m in hist}, dtype=float)
         df = pd.DataFrame(cols).rename_axis("step").reset_index()
+        if df["compute/samples"].isna().all():  # runs logged before compute/samples existed
+            df["compute/samples"] = _samples_by_step(df["step"], run.data.params)
         if df.empty:
             continue
         tags = run.data.tags
@@ -46,6 +55,14 @@ def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
         raise ValueError(f"campaign {campaign!r} has no validation curves yet")
     cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done"]
     return pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
+
+
+def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
+    """Completions generated before each step, from a run's logged recipe: one batch of rollouts per
+    step, or (PPO-off-policy-k) one per k steps."""
+    rollouts = int(params.get("batch.prompts", 0)) * int(params.get("batch.generations", 0))
+    k = int(params.get("algorithm.off_policy_k", 1)) if params.get("algorithm.off_policy") == "ppo" else 1
+    return np.ceil(steps / k) * rollouts
 
 
 def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:
@@ -98,7 +115,9 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
                 b_shared.append(np.nan)
                 continue
             c = compare_fits(fits["baseline"], fits[v], margin=cfg["margin"], names=("baseline", v))
-            verdict = _short_verdict(c, boots["baseline"].interval("A"), boots["baseline"].interval("B"))
+            verdict = _short_verdict(
+                c, boots["baseline"].interval("A"), boots["baseline"].interval("B"), boots[v].interval("A")
+            )
             edges = [n for n in ("baseline", v) if fits[n].a_at_edge]
             if edges:
                 verdict += f"; A of {' and '.join(edges)} at the grid edge: not saturated, asymptote not identified"
@@ -109,8 +128,22 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
     return table, {"fits": fits, "boots": boots}
 
 
-def _short_verdict(c, baseline_a_interval: tuple[float, float], baseline_b_interval: tuple[float, float]) -> str:
-    """The paper's verdict, plus whether the difference is inside the baseline's own bootstrap noise."""
+UNIDENTIFIED_WIDTH = 0.2  # an A interval wider than this says the curve did not pin down its asymptote
+
+
+def _short_verdict(
+    c,
+    baseline_a_interval: tuple[float, float],
+    baseline_b_interval: tuple[float, float],
+    candidate_a_interval: tuple[float, float] = (np.nan, np.nan),
+) -> str:
+    """The paper's verdict, plus whether the difference is inside the bootstrap noise of the two fits."""
+    c_lo, c_hi = candidate_a_interval
+    if c_hi - c_lo > UNIDENTIFIED_WIDTH:
+        return (
+            f"asymptote not identified (A's 95% interval [{c_lo:.3f}, {c_hi:.3f}]): the curve is far from "
+            "saturating within this budget"
+        )
     if c.winner == "tie":
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
     lo, hi = baseline_b_interval
@@ -125,6 +158,11 @@ def _short_verdict(c, baseline_a_interval: tuple[float, float], baseline_b_inter
         a_lo, a_hi = baseline_a_interval
         if a_lo <= c.A_candidate <= a_hi:
             text += f", but inside the baseline's 95% interval [{a_lo:.3f}, {a_hi:.3f}]: not significant"
+        elif c_lo <= a_hi and a_lo <= c_hi:
+            text += (
+                f", but the 95% intervals overlap ([{c_lo:.3f}, {c_hi:.3f}] vs [{a_lo:.3f}, {a_hi:.3f}]): "
+                "not significant"
+            )
         return text
     return (
         f"same A within margin; {'more' if better else 'less'} compute-efficient "
@@ -152,6 +190,34 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def extrapolation_check(curves: pd.DataFrame, fit: dict[str, Any] | None = None, frac: float = 0.5) -> pd.DataFrame:
+    """Fit each variant on its first ``frac`` of compute and predict its final value (seeds pooled).
+
+    The observed final value is the mean over seeds of each seed's last evaluation; the error is
+    predicted - observed. This is the paper's claim put to the test: a curve fitted early predicts late.
+    """
+    cfg = {**DEFAULT_FIT, **(fit or {})}
+    a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
+    x, y = cfg["x"], "val/mean_at_16"
+    rows = []
+    for variant, g in curves.groupby("variant", sort=False):
+        by_seed = g.sort_values(x).groupby("seed")
+        last = by_seed.last()
+        x_end, observed = float(last[x].mean()), float(last[y].mean())
+        row = {"variant": variant, "fit_upto": frac * float(g[x].max()), "x_final": x_end, "observed": observed}
+        row["observed_last3"] = float(by_seed.tail(3)[y].mean())  # less sensitive to one noisy evaluation
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                f = fit_sigmoid(g[x], g[y], exclude_below=cfg["exclude_below"], fit_upto=row["fit_upto"], a_grid=a_grid)
+            pred = float(f.predict(np.array([x_end]))[0])
+            row.update(A_half=f.A, predicted=pred, error=pred - observed, error_last3=pred - row["observed_last3"])
+        except FitError as e:
+            row["note"] = f"no fit: {e}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def write_report(
     campaign: str,
     out: Path,
@@ -177,6 +243,8 @@ def write_report(
             xlabel=x,
             title=f"{campaign}: mean@16 vs compute, sigmoid fits",
         )
+    extra_table = extrapolation_check(curves, fit)
+    extra_table.to_csv(out / "extrapolation.csv", index=False)
     log(md)
     client = MlflowClient(tracking_uri)
     if parent_run_id is None:
@@ -184,7 +252,7 @@ def write_report(
         found = client.search_runs([exp.experiment_id], filter_string="tags.`prl.kind` = 'campaign'", max_results=1)
         parent_run_id = found[0].info.run_id if found else None
     if parent_run_id:
-        for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png"):
+        for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png", "extrapolation.csv"):
             if (out / name).is_file():
                 client.log_artifact(parent_run_id, str(out / name), "loo")
     log(f"LOO table → {out / 'loo_table.md'}, curves → {out / 'curves.csv'}, plot → {out / 'loo_curves.png'}")

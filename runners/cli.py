@@ -86,6 +86,22 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from runners.tracking import default_tracking_uri
+    from runners.transfer import import_store
+
+    src = args.source if "://" in args.source else f"sqlite:///{Path(args.source).resolve()}"
+    if "://" not in args.source and not Path(args.source).is_file():
+        raise FileNotFoundError(f"import: {args.source}: no such MLflow store file")
+    root = Path(args.artifacts) if args.artifacts else None
+    if root is not None and not root.is_dir():
+        raise FileNotFoundError(f"import: --artifacts {root}: no such folder")
+    dest = args.tracking_uri or default_tracking_uri()
+    counts = import_store(src, dest, artifacts_root=root, experiments=args.experiment, log=print)
+    print(f"{counts['runs']} run(s), {counts['metrics']} metric points → {dest}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runners", description="RL runs of ScaleRL-style recipes on TRL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -117,6 +133,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="list every run, its identity and status; run nothing")
     c.add_argument("--no-fit", action="store_true", help="skip the fit at the end")
     c.set_defaults(func=cmd_campaign)
+    i = sub.add_parser(
+        "import",
+        help="copy the runs of an MLflow store made elsewhere (e.g. a GPU machine) into the local store",
+        description="Copy experiments, runs (parent/child kept), params, tags, full metric histories and "
+        "artifacts from another MLflow store into the local one. Safe to repeat: copied runs are skipped.",
+    )
+    i.add_argument("source", help="the other store: a SQLite file (mlflow.db) or a tracking URI")
+    i.add_argument("--artifacts", help="folder that served the source's mlflow-artifacts:/ root (its mlartifacts)")
+    i.add_argument("--experiment", action="append", help="only this experiment (repeatable; default all)")
+    i.add_argument("--tracking-uri", help="destination (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    i.set_defaults(func=cmd_import)
     return p
 
 

@@ -49,8 +49,10 @@ class Progress(TrainerCallback):
     """Validation mean@16 at step 0 and every ``eval.every`` steps, logged with compute so far.
 
     Compute excludes evaluation time: ``compute/gpu_hours`` is training wall time x devices
-    (device-hours; on CPU, process-hours), ``compute/tokens`` counts prompt + completion
-    tokens of every generated batch, ``compute/flops`` estimates (2 + 6 x epochs) x params x tokens.
+    (device-hours; on CPU, process-hours; packed runs slow each other, so prefer the next two
+    for comparing packed runs), ``compute/samples`` counts completions generated,
+    ``compute/tokens`` their prompt + completion tokens (filtered or not: generation was spent),
+    ``compute/flops`` estimates (2 + 6 x epochs) x params x tokens.
     """
 
     def __init__(self, recipe: Recipe, val_rows: list[dict], run_dir: Path, sinks: list[MetricsSink], log) -> None:
@@ -72,6 +74,7 @@ class Progress(TrainerCallback):
             "eval_seconds": self.eval_seconds,
             "best": self.best,
             "compute_tokens": t.compute_tokens,
+            "compute_samples": t.compute_samples,
             "pass_history": {str(k): v for k, v in t.pass_history.items()},
             "dropped": sorted(t.dropped),
         }
@@ -80,6 +83,7 @@ class Progress(TrainerCallback):
         t = self.trainer
         self.train_seconds, self.eval_seconds, self.best = s["train_seconds"], s["eval_seconds"], s["best"]
         t.compute_tokens = s["compute_tokens"]
+        t.compute_samples = s.get("compute_samples", 0)
         t.pass_history.update({int(k): v for k, v in s["pass_history"].items()})
         t.dropped.update(s["dropped"])
 
@@ -90,6 +94,7 @@ class Progress(TrainerCallback):
         return {
             "compute/gpu_hours": self.train_seconds * devices / 3600.0,
             "compute/tokens": tokens,
+            "compute/samples": float(self.trainer.compute_samples),
             "compute/flops": (2.0 + 6.0 * epochs) * self.n_params * tokens,
             "compute/train_seconds": self.train_seconds,
         }

@@ -82,7 +82,8 @@ class ScaleRLTrainer(GRPOTrainer):
         self.dropped: set[int] = set()
         self._last_rewards: torch.Tensor | None = None
         self._rng = random.Random(recipe.train.seed)
-        self.compute_tokens = 0
+        self.compute_tokens = 0  # prompt + completion tokens of every generated completion (filtered or not)
+        self.compute_samples = 0  # completions generated
         self._pipeline: deque[tuple[int, dict]] = deque()  # (generation step, scored batch), oldest first
         super().__init__(*args, **kwargs)
         tok = self.processing_class
@@ -133,6 +134,9 @@ class ScaleRLTrainer(GRPOTrainer):
         n_local = out["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
 
+        generated = out["prompt_mask"].sum() + out["completion_mask"].sum()  # generation cost, spent either way
+        self.compute_tokens += int(self.accelerator.gather(generated).sum())
+        self.compute_samples += n_local * self.accelerator.num_processes
         if algo.off_policy == "pipeline" and algo.pipeline_lag > 0 and out.get("old_per_token_logps") is None:
             out["old_per_token_logps"] = self._behaviour_logps(out)
 
@@ -143,7 +147,6 @@ class ScaleRLTrainer(GRPOTrainer):
         weight = aggregation_weights(lengths, keep, g, algo.aggregation)
         out["advantages"] = out["advantages"] * weight[local].to(out["advantages"].dtype)
 
-        self.compute_tokens += int(self.accelerator.gather(out["prompt_mask"].sum() + mask.sum()).sum())
         m = self._metrics["train"]
         m["filter/zero_variance_frac"].append(zero_var.float().mean().item())
         m["filter/effective_prompts"].append(float(keep.view(-1, g)[:, 0].sum()))
