@@ -9,9 +9,10 @@ CAMPAIGN ?= loo-cpu
 RECIPE  ?= scalerl
 AXIS    ?=
 PORT    ?= 5000
+WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit ablation fit ui plan train base-model
+.PHONY: help setup test lint fit-demo bench-fit bench-runner bench-memory ablation fit ui plan train base-model wheels import report
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -37,6 +38,19 @@ fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → art
 
 bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit, and a 1,000-resample bootstrap
 	$(BIN)/python -m tests.bench_fit
+
+bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, packed vs sequential runs [RECIPE=]
+	$(BIN)/python -m tests.bench_runner $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))
+	$(BIN)/python -m tests.bench_packing $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE)) --solo
+
+bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and completion length → artifacts/bench-memory/
+	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))
+
+wheels: $(STAMP) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WHEELS_PY=3.12]
+	$(BIN)/python -m runners.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED))
+
+import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make import SRC=path/mlflow.db [ARTIFACTS=dir]
+	$(BIN)/python -m runners import $(SRC) $(if $(ARTIFACTS),--artifacts $(ARTIFACTS))
 
 ablation: $(STAMP) ## run a LOO campaign and fit it: make ablation [CAMPAIGN=loo-cpu] [AXIS=loss]
 	$(BIN)/python -m runners campaign $(CAMPAIGN) $(if $(AXIS),--axis $(AXIS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runners.memory import estimate, format_estimate
 from runners.recipe import Recipe
 
 LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.trainer
@@ -123,7 +124,7 @@ def format_plan(r: Recipe) -> str:
         + (f" (threshold {a.npr_threshold})" if a.sampling == "no_positive_resampling" else ""),
         f"    length control {r.length.control} → max_completion_length={r.max_completion_tokens}",
         "",
-        "  Memory: activations grow with micro-batch x (prompt + completion length); the optimizer state",
-        "  with the parameter count. Lower batch.micro_batch first (more accumulation steps, same math).",
+        "  Device memory (estimate, runners.memory):",
+        *format_estimate(estimate(r)),
     ]
     return "\n".join(out)

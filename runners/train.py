@@ -27,8 +27,10 @@ from trl.rewards import get_soft_overlong_punishment
 from runners.basemodel import ensure_base_model, load_model_and_tokenizer
 from runners.data import load_rows, task_of
 from runners.evaluation import evaluate
+from runners.memory import advice, check_fits, dominant, estimate
 from runners.plan import trl_args
-from runners.recipe import Recipe
+from runners.profiling import PhaseProfiler
+from runners.recipe import Recipe, RecipeError
 from runners.rewards import REWARDS
 from runners.trainer import ScaleRLTrainer
 
@@ -64,6 +66,7 @@ class Progress(TrainerCallback):
         self.best = -1.0
         self._tick = None
         self.trainer: ScaleRLTrainer | None = None
+        self.eval_profiler = PhaseProfiler()
         self.n_params = 0
 
     # state that must survive a resume
@@ -104,6 +107,7 @@ class Progress(TrainerCallback):
             return
         t0 = time.perf_counter()
         e = self.recipe.eval
+        self.eval_profiler.begin("evaluation")
         m = evaluate(
             model,
             self.trainer.processing_class,
@@ -115,6 +119,7 @@ class Progress(TrainerCallback):
             reward=next(iter(self.recipe.data.reward)),
             seed=step,
         )
+        self.eval_profiler.end("evaluation")
         self.eval_seconds += time.perf_counter() - t0
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # evaluation's KV cache is the run's peak; give it back to packed neighbours
@@ -129,6 +134,7 @@ class Progress(TrainerCallback):
             "val/sequences_per_second": m["sequences"] / max(m["seconds"], 1e-9),
             **self.compute(),
             "time/eval_seconds_total": self.eval_seconds,
+            **{k: v for k, v in self.eval_profiler.pop().items() if k.startswith("memory/evaluation")},
         }
         if self.trainer.accelerator.is_main_process:
             with self.metrics_path.open("a") as fh:
@@ -170,7 +176,12 @@ class Progress(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and self.trainer.accelerator.is_main_process:
-            train_logs = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+            numbers = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+            train_logs = {k: v for k, v in numbers.items() if math.isfinite(v)}
+            bad = sorted(set(numbers) - set(train_logs))  # MLflow cannot store NaN/inf: count them instead
+            train_logs["nonfinite_values"] = float(len(bad))
+            if bad:
+                self.log(f"[{self.recipe.name}] step {state.global_step}: non-finite {', '.join(bad)}")
             for sink in self.sinks:
                 sink({f"train/{k}": v for k, v in train_logs.items()}, state.global_step)
 
@@ -211,6 +222,9 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     disable_progress_bars()
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        check_fits(recipe, total / 2**30, free / 2**30, log=log)
     set_seed(recipe.train.seed)
     model, tokenizer = prepare_model(recipe, log=log)
     train_rows, val_rows = load_rows(recipe, tokenizer)
@@ -249,7 +263,16 @@ def train(
         log(f"[{recipe.name}] resuming from {last}")
     else:
         last = None
-    trainer.train(resume_from_checkpoint=last)
+    try:
+        trainer.train(resume_from_checkpoint=last)
+    except torch.OutOfMemoryError as e:
+        est = estimate(recipe)
+        dom = dominant(est)
+        raise RecipeError(
+            f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is {dom} "
+            f"({est[dom]:.1f} of {est['peak']:.1f} GiB): {advice(dom)}. Finished steps are checkpointed; "
+            "re-running resumes."
+        ) from e
     final = {"val/best_mean_at_16": progress.best, **progress.compute()}
     (run_dir / "done.json").write_text(json.dumps(final, indent=2) + "\n")
     return final

@@ -33,6 +33,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from runners.profiling import PhaseProfiler
 from runners.recipe import Recipe
 from runners.sampling import NoPositiveResamplingSampler
 
@@ -85,6 +86,7 @@ class ScaleRLTrainer(GRPOTrainer):
         self.compute_tokens = 0  # prompt + completion tokens of every generated completion (filtered or not)
         self.compute_samples = 0  # completions generated
         self._pipeline: deque[tuple[int, dict]] = deque()  # (generation step, scored batch), oldest first
+        self.profiler = PhaseProfiler()
         super().__init__(*args, **kwargs)
         tok = self.processing_class
         ln = recipe.length
@@ -106,8 +108,25 @@ class ScaleRLTrainer(GRPOTrainer):
             dropped=self.dropped,
         )
 
+    # --- time and memory per phase -----------------------------------------------------
+    def _generate(self, *args, **kwargs):
+        with self.profiler.phase("generation"):
+            return super()._generate(*args, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        out = super().training_step(model, inputs, num_items_in_batch)  # _prepare_inputs began "update"
+        self.profiler.end("update")
+        return out
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.model.training:
+            for key, value in self.profiler.pop().items():
+                self._metrics["train"][key].append(value)
+        super().log(logs, start_time)
+
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        with self.profiler.phase("reward"):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
         if self.model.training:
             ids = gather_object([x["prompt_id"] for x in inputs])
@@ -187,6 +206,7 @@ class ScaleRLTrainer(GRPOTrainer):
             cycle = self.args.steps_per_generation * self.num_iterations
             if self._step % ga == 0 and self.recipe.algorithm.off_policy == "ppo":
                 self._metrics["train"]["off_policy/staleness"].append(float((self._step % cycle) // ga))
+            self.profiler.begin("update")  # forward + backward of this micro-batch; ends in training_step
         return out
 
     # --- interruptions -------------------------------------------------------------

@@ -99,3 +99,20 @@ def test_plan_cli_reports_errors_without_traceback():
         text=True,
     )
     assert bad.returncode == 2 and "does not divide" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_memory_estimate_names_the_dominant_setting_and_refuses_what_cannot_fit():
+    from runners.memory import check_fits, dominant, estimate
+
+    small = load_recipe("scalerl-gpu", {"eval.batch_prompts": 10})
+    big = load_recipe("scalerl-gpu", {"eval.batch_prompts": 1000})
+    assert dominant(estimate(big)).startswith("evaluation KV cache")
+    assert estimate(big)["peak"] > estimate(small)["peak"]
+    assert dominant(
+        estimate(load_recipe("scalerl-gpu", {"eval.batch_prompts": 10, "batch.micro_batch": 512}))
+    ).startswith("training activations")
+    with pytest.raises(RecipeError, match=r"needs about .* GiB.*lower eval.batch_prompts"):
+        check_fits(big, total_gib=8.0, free_gib=8.0)
+    warnings = []
+    check_fits(small, total_gib=80.0, free_gib=0.1, log=warnings.append)
+    assert warnings and "may need" in warnings[0]

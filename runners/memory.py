@@ -1,0 +1,111 @@
+"""Device-memory estimate of a recipe, by component, so a run that cannot fit is refused with a
+pointer to the setting that dominates instead of failing with a CUDA out-of-memory traceback.
+
+Rough, on purpose (within a factor of ~1.5 of measured peaks on the embedded models): weights,
+gradients and AdamW state of fp32 master weights; saved activations of one micro-batch (the
+Korthikanti et al. per-layer count, plus eager attention's score matrices); the LM head's logits;
+and the KV cache of generation and of evaluation (weights are fp32, so is the cache).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from runners.recipe import Recipe, RecipeError
+
+GIB = 2**30
+PROMPT_TOKENS = 48  # embedded task prompts are <= ~40 characters (= tokens) with the template
+
+
+@dataclass(frozen=True)
+class Dims:
+    params: int
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int
+
+
+def model_dims(recipe: Recipe) -> Dims:
+    if recipe.model.path is not None:
+        cfg = json.loads((Path(recipe.model.path) / "config.json").read_text())
+        h, n, a, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["vocab_size"]
+        inter = cfg.get("intermediate_size", 4 * h)
+    else:
+        from runners.basemodel import SIZES
+        from runners.tokenizer import build_tokenizer
+
+        s = SIZES[recipe.model.size]
+        h, n, a, inter, v = s.hidden, s.layers, s.heads, s.intermediate, len(build_tokenizer())
+    params = n * (4 * h * h + 3 * h * inter) + 2 * v * h
+    return Dims(params, h, n, a, v)
+
+
+def estimate(recipe: Recipe, dims: Dims | None = None) -> dict[str, float]:
+    """GiB per component, and ``peak``: the optimizer state plus the largest phase."""
+    d = dims or model_dims(recipe)
+    seq = PROMPT_TOKENS + recipe.max_completion_tokens
+    act_bytes = 2 if recipe.model.dtype == "bfloat16" else 4
+    micro = recipe.micro_batch
+    attn_scores = 0 if recipe.model.attention == "sdpa" else d.heads * seq * seq * 4  # eager keeps them (fp32)
+    per_seq_layer = seq * 17 * d.hidden * act_bytes + attn_scores
+    kv = 2 * d.layers * d.hidden * seq * 4  # per sequence, fp32 weights → fp32 cache
+    out = {
+        "weights, gradients, AdamW state": 16 * d.params / GIB,
+        f"training activations (micro-batch {micro} x {seq} tokens)": micro * d.layers * per_seq_layer / GIB,
+        f"logits (micro-batch {micro} x {seq} x vocab {d.vocab}, fp32)": 3 * micro * seq * d.vocab * 4 / GIB,
+        f"generation KV cache ({recipe.rollouts} completions)": recipe.rollouts * kv / GIB,
+        f"evaluation KV cache (eval.batch_prompts {recipe.eval.batch_prompts} x {recipe.eval.samples} samples)": (
+            recipe.eval.batch_prompts * recipe.eval.samples * kv / GIB
+        ),
+    }
+    state = out["weights, gradients, AdamW state"]
+    phases = {k: v for k, v in out.items() if k != "weights, gradients, AdamW state"}
+    train_phase = sum(v for k, v in phases.items() if k.startswith(("training", "logits")))
+    gen = next(v for k, v in phases.items() if k.startswith("generation"))
+    ev = next(v for k, v in phases.items() if k.startswith("evaluation"))
+    out["peak"] = state + max(train_phase, gen, ev)
+    return out
+
+
+def dominant(est: dict[str, float]) -> str:
+    return max((k for k in est if k != "peak"), key=lambda k: est[k])
+
+
+ADVICE = {
+    "weights": "a smaller model (model.size) or more devices (FSDP)",
+    "training": "lower batch.micro_batch (same math, more accumulation steps) or length.max_tokens / think_budget",
+    "logits": "lower batch.micro_batch (same math, more accumulation steps)",
+    "generation": "fewer rollouts per step (batch.prompts x batch.generations) or shorter completions",
+    "evaluation": "lower eval.batch_prompts (same result, more batches)",
+}
+
+
+def advice(component: str) -> str:
+    return next(v for k, v in ADVICE.items() if component.startswith(k))
+
+
+def format_estimate(est: dict[str, float]) -> list[str]:
+    dom = dominant(est)
+    lines = [f"    {k:<72} {v:8.2f} GiB" for k, v in est.items() if k != "peak"]
+    lines.append(f"    {'estimated peak (optimizer state + largest phase)':<72} {est['peak']:8.2f} GiB")
+    lines.append(f"  Dominant: {dom}; to shrink it: {advice(dom)}.")
+    return lines
+
+
+def check_fits(recipe: Recipe, total_gib: float, free_gib: float, log=print) -> None:
+    """Refuse a run whose estimate exceeds the device; warn when it exceeds what is free now."""
+    est = estimate(recipe)
+    dom = dominant(est)
+    if est["peak"] > total_gib:
+        raise RecipeError(
+            f"recipe {recipe.name!r} needs about {est['peak']:.1f} GiB of device memory, the device has "
+            f"{total_gib:.1f} GiB; the largest part is {dom} ({est[dom]:.1f} GiB): {advice(dom)}"
+        )
+    if est["peak"] > free_gib:
+        log(
+            f"warning: recipe {recipe.name!r} may need {est['peak']:.1f} GiB, {free_gib:.1f} GiB is free now "
+            f"(other processes hold the rest); largest part: {dom}"
+        )
