@@ -88,8 +88,15 @@ def plain_trl(recipe, out: Path) -> dict[str, float]:
 
 def runner(recipe, out: Path) -> dict[str, float]:
     meter = Throughput(recipe.rollouts)
+    peaks: dict[str, float] = {}
+
+    def sink(metrics: dict[str, float], step: int) -> None:  # the profiler's run-wide and evaluation peaks
+        for k, v in metrics.items():
+            if k.endswith(("peak_allocated_gb", "evaluation_allocated_gb")):
+                peaks[k] = max(peaks.get(k, 0.0), v)
+
     t0 = time.perf_counter()
-    train(recipe, out, log=lambda m: print(m, flush=True), callbacks=[meter])
+    train(recipe, out, sinks=[sink], log=lambda m: print(m, flush=True), callbacks=[meter])
     wall = time.perf_counter() - t0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     last = lines[-1]
@@ -101,7 +108,7 @@ def runner(recipe, out: Path) -> dict[str, float]:
         "eval_seconds_each": last["time/eval_seconds_total"] / len(lines),
         "step_seconds": last["compute/train_seconds"] / recipe.train.steps,
         "eval_sequences_per_s": sum(evals) / len(evals),
-        "peak_gpu_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "peak_gpu_gb": max(peaks.values(), default=0.0),
     }
 
 
@@ -111,11 +118,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps of each measured run")
     p.add_argument("--out", type=Path, default=Path("artifacts/bench-runner"))
     p.add_argument("--json", type=Path, help="also write the numbers here")
+    p.add_argument("--eval-every", type=int, help="evaluation cadence of the full-baseline run (default: the recipe's)")
     args = p.parse_args(argv)
 
     steps = {"train.steps": args.steps, "train.save_every": args.steps}
     same = load_recipe(args.recipe, {**steps, **TRL_EQUIVALENT, "eval.every": args.steps})
-    full = load_recipe(args.recipe, steps)
+    full = load_recipe(args.recipe, {**steps, **({"eval.every": args.eval_every} if args.eval_every else {})})
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     print(f"recipe {args.recipe}, {args.steps} steps, {same.rollouts} completions/step, device {device}", flush=True)
     prepare_model(full)  # build the base model once, outside every timing
