@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import time
 from pathlib import Path
 
@@ -95,6 +96,7 @@ def runner(recipe, out: Path) -> dict[str, float]:
             if k.endswith(("peak_allocated_gb", "evaluation_allocated_gb")):
                 peaks[k] = max(peaks.get(k, 0.0), v)
 
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run: a checkpoint left by an earlier bench would resume
     t0 = time.perf_counter()
     train(recipe, out, sinks=[sink], log=lambda m: print(m, flush=True), callbacks=[meter])
     wall = time.perf_counter() - t0
