@@ -58,6 +58,10 @@ ablation: $(STAMP) ## run a LOO campaign and fit it: make ablation [CAMPAIGN=loo
 fit: $(STAMP) ## fit a campaign from MLflow → artifacts/campaigns/NAME/fit/{loo_table.md,curves.csv,loo_curves.png}
 	$(BIN)/python -m analysis fit $(CAMPAIGN)
 
+report: $(STAMP) ## a run's Markdown report with plots and anomalies: make report RUN=<run id or name> [CAMPAIGN=]
+	@test -n "$(RUN)" || { echo "usage: make report RUN=<run id or name, e.g. baseline/seed0> [CAMPAIGN=loo-cpu]"; exit 2; }
+	$(BIN)/python -m analysis report "$(RUN)" $(if $(filter-out loo-cpu,$(CAMPAIGN)),--experiment $(CAMPAIGN))
+
 ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5000]
 	@echo "MLflow UI: http://127.0.0.1:$(PORT)  (store sqlite:///$(CURDIR)/mlflow.db)"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(PORT)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis fit CAMPAIGN``."""
+"""Command line: ``python -m analysis fit CAMPAIGN`` and ``python -m analysis report RUN``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,34 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("campaign", help="campaign file or name in experiments/campaigns")
     f.add_argument("--out", help="output folder (default artifacts/campaigns/NAME/fit)")
     f.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    r = sub.add_parser(
+        "report",
+        help="write a run's Markdown report with plots and anomalies, and log it to the run",
+        description="Read one run from MLflow and write report.md + PNG plots (rewards, zero-std groups, loss, "
+        "entropy, clip ratios, lengths and truncation, tokens, validation against compute, time and memory "
+        "by phase) with the anomalies found and the numbers behind them; log them to the run under report/.",
+    )
+    r.add_argument("run", help="run id, or run name such as baseline/seed0")
+    r.add_argument("--experiment", help="look the name up in this experiment (campaign) only")
+    r.add_argument("--out", help="output folder (default artifacts/reports/NAME-ID)")
+    r.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     args = p.parse_args(argv)
+    if args.command == "report":
+        from analysis.report import write_run_report
+        from runners.tracking import default_tracking_uri
+
+        try:
+            path = write_run_report(
+                args.run,
+                Path(args.out) if args.out else None,
+                tracking_uri=args.tracking_uri or default_tracking_uri(),
+                experiment=args.experiment,
+            )
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"report → {path} (also logged to the run under report/)")
+        return 0
 
     from analysis.loo import write_report
     from runners.campaign import load_campaign

@@ -218,6 +218,20 @@ def extrapolation_check(curves: pd.DataFrame, fit: dict[str, Any] | None = None,
     return pd.DataFrame(rows)
 
 
+def runs_markdown(curves: pd.DataFrame, client: MlflowClient) -> str:
+    """One line per run with its last mean@16 and where its written report is (``runs:/`` URIs open in MLflow)."""
+    lines = ["| run | variant | seed | last mean@16 | report |", "|---|---|---|---|---|"]
+    for run_id, g in curves.groupby("run_id", sort=False):
+        g = g.sort_values("step")
+        tag = client.get_run(run_id).data.tags.get("prl.report")
+        link = f"`runs:/{run_id}/{tag}`" if tag else "none (`make report RUN=" + run_id + "`)"
+        lines.append(
+            f"| {g['run'].iloc[0]} | {g['variant'].iloc[0]} | {g['seed'].iloc[0]} | "
+            f"{g['val/mean_at_16'].iloc[-1]:.3f} | {link} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def write_report(
     campaign: str,
     out: Path,
@@ -245,6 +259,7 @@ def write_report(
         )
     extra_table = extrapolation_check(curves, fit)
     extra_table.to_csv(out / "extrapolation.csv", index=False)
+    (out / "runs.md").write_text(runs_markdown(curves, MlflowClient(tracking_uri)))
     log(md)
     client = MlflowClient(tracking_uri)
     if parent_run_id is None:
@@ -252,7 +267,7 @@ def write_report(
         found = client.search_runs([exp.experiment_id], filter_string="tags.`prl.kind` = 'campaign'", max_results=1)
         parent_run_id = found[0].info.run_id if found else None
     if parent_run_id:
-        for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png", "extrapolation.csv"):
+        for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png", "extrapolation.csv", "runs.md"):
             if (out / name).is_file():
                 client.log_artifact(parent_run_id, str(out / name), "loo")
     log(f"LOO table → {out / 'loo_table.md'}, curves → {out / 'curves.csv'}, plot → {out / 'loo_curves.png'}")

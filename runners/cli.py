@@ -75,6 +75,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
                 tracking_uri=summary["tracking_uri"],
                 parent_run_id=summary["parent_run_id"],
             )
+            print(f"run reports: {Path('artifacts/campaigns') / camp.name / 'fit' / 'runs.md'}")
         except ValueError as e:
             print(f"fit skipped: {e}")
     print(

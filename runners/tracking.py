@@ -130,4 +130,11 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
 
             mlflow.set_tag("prl.best_step", json.loads(best.read_text())["step"])
         mlflow.set_tag("prl.done", "1")
+    try:  # the run's written report; a failure here must not fail a finished run
+        from analysis.report import write_run_report
+
+        report = write_run_report(run_id, run_dir / "report", tracking_uri=mlflow.get_tracking_uri())
+        log(f"[{recipe.name}] report → {report} (and the run's report/ artifacts)")
+    except Exception as e:  # noqa: BLE001
+        log(f"[{recipe.name}] warning: no run report ({type(e).__name__}: {e})")
     return final

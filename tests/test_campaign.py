@@ -117,8 +117,16 @@ def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
         assert hours[0] == 0.0 and hours[1] < hours[2]
         assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert {"metrics.jsonl", "samples.jsonl", "recipe.yaml"} <= arts
+        assert {"metrics.jsonl", "samples.jsonl", "recipe.yaml", "report"} <= arts
+        report = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+        assert {"report/report.md", "report/validation.png", "report/time_profile.png"} <= report
+        assert tags["prl.report"] == "report/report.md"
+        for key in ("train/time/generation_seconds", "train/time/update_seconds", "train/memory/host_peak_rss_gb"):
+            assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
+        assert history_steps(client, run.info.run_id, "train/nonfinite_values") == [1, 2, 3, 4]
     assert summary_fit_written(tmp_path / "artifacts" / "campaigns")
+    runs_md = (tmp_path / "artifacts" / "campaigns" / "fit" / "runs.md").read_text()
+    assert runs_md.count("/report/report.md`") == 3
     again = run_campaign(path, log=lambda m: None)
     assert again["ran"] == 0
 

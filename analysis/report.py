@@ -1,0 +1,344 @@
+"""A written report of one run, from its MLflow data: overview, plots, time and memory profile,
+and anomalies with the numbers behind them.
+
+``write_run_report(run)`` writes ``report.md`` and PNG plots to a folder and logs them to the run
+under ``report/``. Tracked runs call it when they finish; ``make report RUN=<id or name>`` any time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+TRUNCATION_LIMIT = 0.10  # the paper's instability signal: more than 10% of completions hit the length limit
+ENTROPY_COLLAPSE = 0.10  # entropy below 10% of its starting level
+SPIKE_MADS = 5.0  # a reward point this many robust deviations from its neighbourhood is a dip or spike
+SPIKE_MIN = 0.15  # ... and at least this far in absolute terms
+REGRESSION_MIN = 0.05  # validation drop from the running best worth reporting
+
+KEY_SETTINGS = (
+    "model.size",
+    "model.path",
+    "model.dtype",
+    "algorithm.loss",
+    "algorithm.fp32_lm_head",
+    "algorithm.aggregation",
+    "algorithm.advantage_norm",
+    "algorithm.zero_variance_filter",
+    "algorithm.sampling",
+    "algorithm.off_policy",
+    "algorithm.off_policy_k",
+    "algorithm.pipeline_lag",
+    "length.control",
+    "batch.prompts",
+    "batch.generations",
+    "optim.lr",
+    "train.steps",
+    "train.seed",
+    "eval.prompts",
+    "eval.samples",
+)
+PHASES = ("generation", "reward", "update", "evaluation")
+
+
+@dataclass
+class Finding:
+    kind: str
+    text: str
+
+
+def resolve_run(client: MlflowClient, ref: str, experiment: str | None = None) -> Run:
+    """A run by id, or by name (``baseline/seed0``) within one experiment or all of them."""
+    if re.fullmatch(r"[0-9a-f]{32}", ref):
+        return client.get_run(ref)
+    exps = [client.get_experiment_by_name(experiment)] if experiment else client.search_experiments()
+    if experiment and exps[0] is None:
+        raise ValueError(f"no experiment named {experiment!r} at {client.tracking_uri}")
+    ids = [e.experiment_id for e in exps if e is not None]
+    runs = client.search_runs(ids, filter_string=f"attributes.run_name = '{ref}'", max_results=50) if ids else []
+    if not runs:
+        raise ValueError(f"no run with id or name {ref!r} at {client.tracking_uri}")
+    if len(runs) > 1:
+        where = ", ".join(f"{r.info.run_id} ({client.get_experiment(r.info.experiment_id).name})" for r in runs)
+        raise ValueError(f"{len(runs)} runs are named {ref!r}: {where}; pass a run id or --experiment")
+    return runs[0]
+
+
+def histories(client: MlflowClient, run: Run) -> dict[str, pd.Series]:
+    out = {}
+    for key in run.data.metrics:
+        if key.startswith("system/"):
+            continue
+        hist = client.get_metric_history(run.info.run_id, key)
+        out[key] = pd.Series({m.step: m.value for m in hist}, dtype=float).sort_index()
+    return out
+
+
+# --- anomaly detection -------------------------------------------------------------------
+
+
+def _ranges(steps: list[int]) -> str:
+    """[3, 4, 5, 9] → '3–5, 9'."""
+    out, start, prev = [], None, None
+    for s in steps:
+        if start is None:
+            start = prev = s
+        elif s == prev + 1:
+            prev = s
+        else:
+            out.append(f"{start}–{prev}" if prev != start else f"{start}")
+            start = prev = s
+    if start is not None:
+        out.append(f"{start}–{prev}" if prev != start else f"{start}")
+    return ", ".join(out)
+
+
+def reward_spikes(reward: pd.Series, window: int = 9) -> list[Finding]:
+    """Points far from the rolling median of their neighbourhood (robust: median absolute deviation)."""
+    if len(reward) < window:
+        return []
+    med = reward.rolling(window, center=True, min_periods=3).median()
+    dev = (reward - med).abs()
+    mad = dev.rolling(window, center=True, min_periods=3).median().clip(lower=1e-3)
+    found = []
+    for step in reward.index[(dev > SPIKE_MADS * 1.4826 * mad) & (dev > SPIKE_MIN)]:
+        kind = "dip" if reward[step] < med[step] else "spike"
+        found.append(Finding(f"reward {kind}", f"step {step}: reward {reward[step]:.3f} vs {med[step]:.3f} around it"))
+    return found
+
+
+def truncation(clipped: pd.Series) -> list[Finding]:
+    high = clipped[clipped > TRUNCATION_LIMIT]
+    if high.empty:
+        return []
+    return [
+        Finding(
+            "truncation",
+            f"{len(high)} step(s) with more than {TRUNCATION_LIMIT:.0%} of completions truncated at the length "
+            f"limit (max {high.max():.0%} at step {high.idxmax()}; steps {_ranges(list(high.index))}): "
+            "the paper's early sign of instability",
+        )
+    ]
+
+
+def entropy_collapse(entropy: pd.Series) -> list[Finding]:
+    if len(entropy) < 5:
+        return []
+    start = float(entropy.iloc[:5].median())
+    low = entropy[entropy < ENTROPY_COLLAPSE * start]
+    if start <= 0 or low.empty:
+        return []
+    return [
+        Finding(
+            "entropy collapse",
+            f"entropy fell below {ENTROPY_COLLAPSE:.0%} of its start ({start:.3f}) at step {low.index[0]} "
+            f"(lowest {entropy.min():.4f} at step {entropy.idxmin()}): sampling has become near-greedy",
+        )
+    ]
+
+
+def validation_regressions(val: pd.Series, n_prompts: int = 0) -> list[Finding]:
+    found, best, best_step = [], -math.inf, None
+    for step, v in val.items():
+        # a drop beyond sampling noise: max(REGRESSION_MIN, 3 standard errors of a mean over prompts)
+        noise = 3 * math.sqrt(max(best, 0) * (1 - max(best, 0)) / n_prompts) if n_prompts else 0.0
+        if best_step is not None and best - v > max(REGRESSION_MIN, noise):
+            found.append(
+                Finding(
+                    "validation regression",
+                    f"step {step}: mean@16 {v:.3f}, {best - v:.3f} below the best so far "
+                    f"({best:.3f} at step {best_step})",
+                )
+            )
+        if v > best:
+            best, best_step = v, step
+    return found
+
+
+def nonfinite(h: dict[str, pd.Series]) -> list[Finding]:
+    found = []
+    for key, s in h.items():
+        bad = s[~np.isfinite(s.to_numpy())]
+        if not bad.empty:
+            found.append(Finding("NaN/inf", f"{key} non-finite at steps {_ranges(list(bad.index))}"))
+    counted = h.get("train/nonfinite_values")
+    if counted is not None and (counted > 0).any():
+        steps = list(counted.index[counted > 0])
+        found.append(
+            Finding("NaN/inf", f"the trainer logged non-finite values (e.g. grad_norm) at steps {_ranges(steps)}")
+        )
+    return found
+
+
+def find_anomalies(h: dict[str, pd.Series], n_val_prompts: int = 0) -> list[Finding]:
+    found: list[Finding] = []
+    if "train/reward" in h:
+        found += reward_spikes(h["train/reward"])
+    if "train/completions/clipped_ratio" in h:
+        found += truncation(h["train/completions/clipped_ratio"])
+    if "train/entropy" in h:
+        found += entropy_collapse(h["train/entropy"])
+    if "val/mean_at_16" in h:
+        found += validation_regressions(h["val/mean_at_16"], n_val_prompts)
+    found += nonfinite(h)
+    return found
+
+
+# --- plots and the report ----------------------------------------------------------------
+
+
+def _plot(path: Path, title: str, series: dict[str, pd.Series], xlabel: str = "step", ylabel: str = "") -> bool:
+    import matplotlib.pyplot as plt
+
+    series = {k: v for k, v in series.items() if v is not None and len(v)}
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for label, s in series.items():
+        ax.plot(s.index, s.to_numpy(), label=label, marker="o" if len(s) < 30 else None, ms=3)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _against(h: dict[str, pd.Series], y: str, x: str) -> pd.Series | None:
+    if y not in h or x not in h:
+        return None
+    df = pd.concat([h[x].rename("x"), h[y].rename("y")], axis=1).dropna()
+    return pd.Series(df["y"].to_numpy(), index=df["x"].to_numpy())
+
+
+def write_run_report(
+    ref: str,
+    out: Path | None = None,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    log_to_run: bool = True,
+) -> Path:
+    """Write ``report.md`` + PNGs for a run and log them to it under ``report/``; returns the Markdown path."""
+    client = MlflowClient(tracking_uri)
+    run = resolve_run(client, ref, experiment)
+    name, rid = run.info.run_name or run.info.run_id, run.info.run_id
+    out = out or Path("artifacts/reports") / re.sub(r"[^A-Za-z0-9_.=-]+", "-", f"{name}-{rid[:8]}")
+    out.mkdir(parents=True, exist_ok=True)
+    h = histories(client, run)
+    p = run.data.params
+    n_val = int(p.get("eval.prompts", 0) or 0)
+    g = h.get
+
+    plots = {
+        "reward.png": (
+            "Reward: mean and within-group std",
+            {"reward": g("train/reward"), "std": g("train/reward_std")},
+        ),
+        "zero_std.png": (
+            "Prompts whose completions all scored the same",
+            {"fraction of groups": g("train/frac_reward_zero_std"), "filtered": g("train/filter/zero_variance_frac")},
+        ),
+        "loss_entropy.png": ("Loss and entropy", {"loss": g("train/loss"), "entropy": g("train/entropy")}),
+        "clipping.png": (
+            "Clip ratios",
+            {k.removeprefix("train/"): v for k, v in h.items() if "clip_ratio" in k and "completions" not in k},
+        ),
+        "lengths.png": (
+            "Completion length (tokens) and truncation",
+            {
+                "mean": g("train/completions/mean_length"),
+                "max": g("train/completions/max_length"),
+                "truncated x 100": None
+                if g("train/completions/clipped_ratio") is None
+                else 100 * h["train/completions/clipped_ratio"],
+            },
+        ),
+        "tokens.png": (
+            "Tokens processed (cumulative)",
+            {"tokens": g("compute/tokens"), "TRL num_tokens": g("train/num_tokens")},
+        ),
+    }
+    written = [f for f, (title, series) in plots.items() if _plot(out / f, title, series)]
+    x = "compute/gpu_hours"
+    if _plot(
+        out / "validation.png",
+        "Validation against compute",
+        {"mean@16": _against(h, "val/mean_at_16", x), "pass@16": _against(h, "val/pass_at_16", x)},
+        xlabel=x,
+    ):
+        written.insert(0, "validation.png")
+
+    # time profile of a step, by phase (evaluation amortised over the steps between evaluations)
+    steps = max(1.0, float(max((s.index.max() for s in h.values() if len(s)), default=1)))
+    per_step = {ph: float(h[f"train/time/{ph}_seconds"].mean()) for ph in PHASES[:3] if f"train/time/{ph}_seconds" in h}
+    if "val/seconds" in h:
+        per_step["evaluation"] = float(h["val/seconds"].sum()) / steps
+    if per_step:
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 1.8))
+        left = 0.0
+        for ph, secs in per_step.items():
+            ax.barh([0], [secs], left=left, label=f"{ph} {secs:.2f}s")
+            left += secs
+        ax.set(yticks=[], xlabel="seconds per training step", title="Time profile of a step")
+        ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.5))
+        fig.tight_layout()
+        fig.savefig(out / "time_profile.png", dpi=110)
+        plt.close(fig)
+        written.append("time_profile.png")
+    mem_keys = sorted(k for k in h if k.startswith(("train/memory/", "memory/")) and "peak" not in k)
+    if _plot(out / "memory.png", "Memory by phase (GiB)", {k.split("memory/")[1]: h[k] for k in mem_keys}):
+        written.append("memory.png")
+
+    findings = find_anomalies(h, n_val)
+    md = [f"# Run report: {name}", ""]
+    md += [
+        f"Run `{rid}` in experiment `{client.get_experiment(run.info.experiment_id).name}`, status {run.info.status}."
+    ]
+    md += ["", "## Overview", "", "| setting | value |", "|---|---|"]
+    md += [f"| {k} | {p[k]} |" for k in KEY_SETTINGS if k in p and p[k] not in ("None", "")]
+    val = g("val/mean_at_16")
+    if val is not None and len(val):
+        md += ["", "## Results", ""]
+        md.append(
+            f"- validation mean@16: {val.iloc[0]:.3f} at step {val.index[0]} → {val.iloc[-1]:.3f} at step "
+            f"{val.index[-1]} (best {val.max():.3f} at step {val.idxmax()})"
+        )
+        if "val/pass_at_16" in h:
+            md.append(f"- pass@16: {h['val/pass_at_16'].iloc[0]:.3f} → {h['val/pass_at_16'].iloc[-1]:.3f}")
+    for key, label, spec in (
+        ("compute/gpu_hours", "device-hours of training", ".4f"),
+        ("compute/samples", "completions generated", ",.0f"),
+        ("compute/tokens", "tokens processed", ",.0f"),
+    ):
+        if key in h and len(h[key]):
+            md.append(f"- {label}: {format(h[key].iloc[-1], spec)}")
+    md += ["", "## Anomalies", ""]
+    md += [f"- **{f.kind}**: {f.text}" for f in findings] or [
+        "None found (reward dips/spikes, truncation > 10%, entropy collapse, validation regressions, NaN/inf)."
+    ]
+    if per_step:
+        total = sum(per_step.values())
+        md += ["", "## Time per training step", "", "| phase | seconds | share |", "|---|---|---|"]
+        md += [f"| {ph} | {s:.3f} | {s / total:.0%} |" for ph, s in per_step.items()]
+    peaks = {k.split("memory/")[1]: float(h[k].max()) for k in h if "memory/" in k}
+    if peaks:
+        md += ["", "## Peak memory (GiB)", "", "| measure | peak |", "|---|---|"]
+        md += [f"| {k} | {v:.3f} |" for k, v in sorted(peaks.items())]
+    md += ["", "## Plots", ""] + [f"![{f.removesuffix('.png')}]({f})" for f in written]
+    path = out / "report.md"
+    path.write_text("\n".join(md) + "\n")
+    if log_to_run:
+        client.log_artifacts(rid, str(out), "report")
+        client.set_tag(rid, "prl.report", "report/report.md")
+    return path
