@@ -12,7 +12,7 @@ PORT    ?= 5000
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit bench-runner bench-memory ablation fit ui plan train base-model wheels import report
+.PHONY: help setup test lint fit-demo bench-fit bench-runner bench-memory ablation fit ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,9 +26,17 @@ $(STAMP): pyproject.toml requirements.lock
 
 setup: $(STAMP) ## create .venv with the pinned dependencies (requirements.lock) and the project, editable
 
-test: $(STAMP) ## ruff + the whole test suite
+test: $(STAMP) postgres ## ruff + the whole test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (installed with apt when root)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
+	  { echo "error: the tests need Debian's PostgreSQL server: apt-get install postgresql"; exit 1; }
+
+tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (README: exposing it safely)
+	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT))
 
 lint: $(STAMP) ## ruff only
 	$(BIN)/ruff check .
@@ -46,8 +54,8 @@ bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, pack
 bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and completion length → artifacts/bench-memory/
 	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))
 
-wheels: $(STAMP) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WHEELS_PY=3.12]
-	$(BIN)/python -m runners.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED))
+wheels: $(STAMP) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
+	$(BIN)/python -m runners.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
 
 import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make import SRC=path/mlflow.db [ARTIFACTS=dir]
 	$(BIN)/python -m runners import $(SRC) $(if $(ARTIFACTS),--artifacts $(ARTIFACTS))

@@ -47,6 +47,10 @@ class Campaign:
     fit: dict[str, Any] = field(default_factory=dict)
     parallel: int = 1  # concurrent runs on CPU
     runs_per_gpu: int = 1
+    gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
+    backend: str = "local"  # local (processes on this machine) | ray (tasks on a Ray cluster)
+    ray_address: str | None = None  # None: start a local Ray instance; "auto" or ray://host:port: join a cluster
+    max_retries: int = 3  # ray: re-runs of a preempted run (it resumes from its checkpoint)
 
 
 @dataclass
@@ -85,6 +89,8 @@ def load_campaign(ref: str | Path) -> Campaign:
     camp = Campaign(path=p, axes=axes, **data)
     if camp.kind not in ("loo", "forward"):
         raise RecipeError(f"{p}: kind = {camp.kind!r}; choose loo or forward")
+    if camp.backend not in ("local", "ray"):
+        raise RecipeError(f"{p}: backend = {camp.backend!r}; choose local or ray")
     if camp.kind == "forward" and len(axes) != 1:
         raise RecipeError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
     return camp
@@ -217,13 +223,29 @@ def run_campaign(
     parent = _parent(client, exp_id, camp)
     todo = [s for s in specs if status_of(existing.get(s.run_key)) != "done"]
     log(f"{len(specs) - len(todo)} done, {len(todo)} to run")
+    n_todo = len(todo)
     t0 = time.perf_counter()
     use_server = uri.startswith("sqlite:")
     server = local_server(uri, runs_root / camp.name / "mlartifacts", log=log) if use_server else None
     failures: list[tuple[RunSpec, str]] = []
     with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
         worker_client = MlflowClient(worker_uri)
-        slots = _slots(camp)
+        if camp.backend == "ray":
+            from runners.cluster import run_on_ray
+
+            launches = []
+            for spec in todo:
+                run = existing.get(spec.run_key) or _create_child(worker_client, exp_id, parent, camp, spec)
+                launches.append((spec, *_command(spec, run.info.run_id, worker_uri, runs_root / camp.name)))
+            failures = run_on_ray(
+                launches,
+                address=camp.ray_address,
+                gpus_per_run=camp.gpus_per_run,
+                max_retries=camp.max_retries,
+                log=log,
+            )
+            todo = []  # done by Ray
+        slots = _slots(camp) if todo else []
         running: list[tuple[subprocess.Popen, RunSpec, Path, Any]] = []
         queue = list(todo)
         done_count = 0
@@ -259,7 +281,7 @@ def run_campaign(
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
         "runs": len(specs),
-        "ran": len(todo),
+        "ran": n_todo,
         "failures": failures,
         "seconds": wall,
         "experiment_id": exp_id,
@@ -274,7 +296,11 @@ def _slots(camp: Campaign) -> list[str | None]:
     devices = _devices()
     if devices == [None]:
         return [None] * max(1, camp.parallel)
-    return [d for d in devices for _ in range(max(1, camp.runs_per_gpu))]
+    n = max(1, camp.gpus_per_run)
+    if n > len(devices):
+        raise RecipeError(f"{camp.path}: gpus_per_run = {n}, but only {len(devices)} GPU(s) are visible")
+    groups = [",".join(devices[i : i + n]) for i in range(0, len(devices) - n + 1, n)]  # "0,1", "2,3", ...
+    return [g for g in groups for _ in range(max(1, camp.runs_per_gpu))]
 
 
 def _free_slot(slots: list[str | None], running: list) -> str | None:
@@ -308,18 +334,26 @@ def _create_child(client, exp_id: str, parent, camp: Campaign, spec: RunSpec):
     return run
 
 
-def _launch(spec: RunSpec, run_id: str, uri: str, root: Path, device: str | None, threads: int | None = None):
-    rdir = root / f"{spec.variant.replace('=', '-')}-seed{spec.seed}-{spec.run_key}"
+def _command(spec: RunSpec, run_id: str, uri: str, root: Path) -> tuple[list[str], dict[str, str], Path]:
+    """The run's folder (recipe written), its ``python -m runners train`` command and MLflow environment."""
+    rdir = (root / f"{spec.variant.replace('=', '-')}-seed{spec.seed}-{spec.run_key}").resolve()
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "recipe.yaml").write_text(spec.recipe.to_yaml())
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}
+    cmd = [sys.executable, "-m", "runners", "train", str(rdir / "recipe.yaml"), "--run-dir", str(rdir)]
+    return cmd, {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}, rdir
+
+
+def _launch(spec: RunSpec, run_id: str, uri: str, root: Path, device: str | None, threads: int | None = None):
+    cmd, run_env, rdir = _command(spec, run_id, uri, root)
+    env = {**os.environ, **run_env}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # packed runs fragment less
     if threads is not None:
         env.setdefault("OMP_NUM_THREADS", str(threads))  # concurrent runs share the cores instead of oversubscribing
     logf = (rdir / "run.log").open("a")
-    cmd = [sys.executable, "-m", "runners", "train", str(rdir / "recipe.yaml"), "--run-dir", str(rdir)]
+    if device is not None and "," in device:
+        cmd += ["--gpus", str(device.count(",") + 1)]
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     return proc, rdir, logf
 

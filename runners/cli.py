@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from runners.postgres import PostgresError
 from runners.recipe import RecipeError, load_recipe, parse_override
 
 
@@ -22,20 +23,50 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def launch_distributed(args: argparse.Namespace, n: int) -> int:
+    """Re-run this command as ``n`` processes through ``accelerate launch`` (DDP; gloo on CPU, NCCL on GPUs)."""
+    import subprocess
+
+    from runners.tracking import free_port
+
+    if n < 2:
+        raise RecipeError(f"--gpus {n}: pass 2 or more to spread one run over several devices")
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() < n:
+        raise RecipeError(f"--gpus {n}: only {torch.cuda.device_count()} GPU(s) visible (CUDA_VISIBLE_DEVICES)")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(n)]
+    cmd += ["--num_machines", "1", "--main_process_port", str(free_port()), "--dynamo_backend", "no"]
+    cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
+    if args.run_dir:
+        cmd += ["--run-dir", args.run_dir]
+    device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
+    print(f"launching {n} {device} through accelerate (DDP)", flush=True)
+    return subprocess.call(cmd)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
-    recipe = _recipe(args)
+    recipe = _recipe(args)  # validates before any process is launched
+    if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
+        return launch_distributed(args, args.gpus)
     from runners.train import train
 
     run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name.replace('/', '-')}-seed{recipe.train.seed}")
-    print(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}", flush=True)
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate only rank 0 prints and tracks
+
+    def log(m: str) -> None:
+        if main_process:
+            print(m, flush=True)
+
+    log(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}")
     t0 = time.perf_counter()
-    if os.environ.get("MLFLOW_RUN_ID"):
+    if os.environ.get("MLFLOW_RUN_ID") and main_process:
         from runners.tracking import tracked_train
 
-        final = tracked_train(recipe, run_dir, log=lambda m: print(m, flush=True))
+        final = tracked_train(recipe, run_dir, log=log)
     else:
-        final = train(recipe, run_dir, log=lambda m: print(m, flush=True))
-    print(
+        final = train(recipe, run_dir, log=log)
+    log(
         f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "
         f"{final['compute/gpu_hours']:.4f} device-hours"
     )
@@ -103,6 +134,35 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tracking_server(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from runners.postgres import PostgresCluster
+    from runners.tracking import free_port, local_server
+
+    root = Path(args.root)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"warning: binding {args.host}: anyone who reaches this port can read and write every run; "
+            "put it behind auth or an SSH tunnel (README: shared tracking server)",
+            file=sys.stderr,
+        )
+    with contextlib.ExitStack() as stack:
+        db = args.db_uri
+        if db is None:
+            pg = stack.enter_context(PostgresCluster(root / "pgdata", port=args.pg_port or free_port()))
+            db = pg.uri
+            print(f"PostgreSQL {db} (data {root / 'pgdata'})", flush=True)
+        url = stack.enter_context(
+            local_server(db, root / "artifacts", port=args.port, host=args.host, workers=args.workers)
+        )
+        print(f"MLflow tracking server {url}: export MLFLOW_TRACKING_URI={url}   (Ctrl-C stops it)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runners", description="RL runs of ScaleRL-style recipes on TRL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -122,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments")
     t = add("train", cmd_train, "run one recipe end to end (resumes from its last checkpoint)")
     t.add_argument("--run-dir", help="output folder (default artifacts/runs/NAME-seedS)")
+    t.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        help="spread the run over N devices with accelerate (DDP): N GPUs, or N CPU processes without GPUs",
+    )
     add("base-model", cmd_base_model, "build (or find cached) the embedded base model of a recipe")
     c = sub.add_parser(
         "campaign",
@@ -145,6 +211,19 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--experiment", action="append", help="only this experiment (repeatable; default all)")
     i.add_argument("--tracking-uri", help="destination (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     i.set_defaults(func=cmd_import)
+    ts = sub.add_parser(
+        "tracking-server",
+        help="a shared MLflow tracking server on PostgreSQL (started here) with an artifact root",
+        description="Start PostgreSQL (initdb on first use, under ROOT/pgdata) or use --db-uri, and an MLflow "
+        "tracking server in front of it serving artifacts from ROOT/artifacts, on 127.0.0.1 by default.",
+    )
+    ts.add_argument("--root", default="artifacts/tracking", help="folder for pgdata/ and artifacts/")
+    ts.add_argument("--db-uri", help="an existing database, e.g. postgresql://user:pass@dbhost/mlflow")
+    ts.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; see the README first)")
+    ts.add_argument("--port", type=int, default=5001, help="MLflow port (default 5001)")
+    ts.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")
+    ts.add_argument("--workers", type=int, default=4, help="MLflow server workers (default 4)")
+    ts.set_defaults(func=cmd_tracking_server)
     return p
 
 
@@ -152,6 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RecipeError, FileNotFoundError) as e:
+    except (RecipeError, FileNotFoundError, PostgresError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

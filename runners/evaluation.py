@@ -24,13 +24,22 @@ def evaluate(
     reward: str = "exact_match",
     seed: int = 0,
     n_show: int = 8,
+    accelerator=None,
 ) -> dict[str, Any]:
     """Sample ``samples`` completions per prompt (batched) and score them.
+
+    With an ``accelerator`` of several processes, each process takes every world-size-th prompt
+    and the sums are reduced across processes: every prompt is evaluated exactly once.
 
     mean_at_k: average over prompts of the fraction of correct samples.
     pass_at_k: fraction of prompts with at least one correct sample.
     samples: the first completion of the first ``n_show`` prompts, for inspection.
     """
+    world = accelerator.num_processes if accelerator is not None else 1
+    total_rows = len(rows)
+    if world > 1:
+        rows = rows[accelerator.process_index :: world]
+        seed += 7919 * accelerator.process_index  # different samples on each process
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -74,13 +83,19 @@ def evaluate(
         tokenizer.padding_side = padding_side
         torch.random.set_rng_state(rng_state)
         model.train(was_training)
-    n = len(rows) * samples
+    sums = [sum(correct_frac), sum(any_correct), float(well_formed), float(n_tokens), float(len(rows))]
+    if world > 1:
+        sums = accelerator.reduce(torch.tensor(sums, device=accelerator.device), reduction="sum").tolist()
+    correct, passed, formed, tokens, n_rows = sums
+    assert int(n_rows) == total_rows, f"evaluated {n_rows} of {total_rows} prompts"
+    n = n_rows * samples
     return {
-        "mean_at_k": sum(correct_frac) / len(rows),
-        "pass_at_k": sum(any_correct) / len(rows),
-        "format_error_rate": 1.0 - well_formed / n,
-        "completion_tokens": float(n_tokens),
-        "sequences": float(n),
+        "mean_at_k": correct / n_rows,
+        "pass_at_k": passed / n_rows,
+        "format_error_rate": 1.0 - formed / n,
+        "completion_tokens": tokens,
+        "sequences": n,
+        "prompts": int(n_rows),
         "seconds": time.perf_counter() - t0,
         "samples": shown,
     }

@@ -5,16 +5,31 @@ from __future__ import annotations
 from typing import Any
 
 from runners.memory import estimate, format_estimate
-from runners.recipe import Recipe
+from runners.recipe import Recipe, RecipeError
 
 LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.trainer
 ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
 
 
-def trl_args(r: Recipe) -> dict[str, Any]:
-    """GRPOConfig keyword arguments for a recipe (one process; TRL multiplies by world size)."""
+def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
+    """GRPOConfig keyword arguments for a recipe on ``world_size`` processes.
+
+    The recipe's batch is global: TRL multiplies per-device sizes by the world size, so each
+    process takes 1/world_size of every mini-batch (micro-batch capped accordingly).
+    """
     a = r.algorithm
-    grad_accum = r.mini_batch // r.micro_batch
+    if r.mini_batch % world_size:
+        raise RecipeError(
+            f"the mini-batch of {r.mini_batch} completions does not split over {world_size} processes; "
+            "choose a device count that divides it (or change batch.prompts / batch.generations)"
+        )
+    micro = min(r.micro_batch, r.mini_batch // world_size)
+    if (r.mini_batch // world_size) % micro:
+        raise RecipeError(
+            f"batch.micro_batch = {r.micro_batch} does not divide the per-process mini-batch of "
+            f"{r.mini_batch // world_size} completions on {world_size} processes; use a divisor of it"
+        )
+    grad_accum = r.mini_batch // (micro * world_size)
     eps_low, eps_high = {
         "cispo": (0.2, a.cispo_epsilon_max),  # CISPO uses only epsilon_high (= ε_max)
         "dapo": a.dapo_epsilon,
@@ -28,9 +43,9 @@ def trl_args(r: Recipe) -> dict[str, Any]:
         "cast_lm_head_to_fp32": a.fp32_lm_head,
         "scale_rewards": ADVANTAGE[a.advantage_norm],
         "num_generations": r.batch.generations,
-        "per_device_train_batch_size": r.micro_batch,
+        "per_device_train_batch_size": micro,
         "gradient_accumulation_steps": grad_accum,
-        "steps_per_generation": r.rollouts // r.micro_batch,
+        "steps_per_generation": r.rollouts // (micro * world_size),
         "num_iterations": r.batch.epochs,
         "max_completion_length": r.max_completion_tokens,
         "temperature": r.train.temperature,

@@ -33,9 +33,18 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def local_server(backend_uri: str, artifacts: Path, *, port: int | None = None, log=print) -> Iterator[str]:
-    """Run ``mlflow server`` on 127.0.0.1 in front of a SQLite store, so that many processes can
-    log at once without "database is locked" (one writer: the server). Yields its URL."""
+def local_server(
+    backend_uri: str,
+    artifacts: Path,
+    *,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    workers: int = 1,
+    log=print,
+) -> Iterator[str]:
+    """Run ``mlflow server`` (on 127.0.0.1 unless told otherwise) in front of a store; yields its URL.
+
+    In front of SQLite it gives many processes one writer, so none sees "database is locked"."""
     port = port or free_port()
     artifacts.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -48,15 +57,15 @@ def local_server(backend_uri: str, artifacts: Path, *, port: int | None = None, 
         "--artifacts-destination",
         str(artifacts.resolve()),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--workers",
-        "1",
+        str(workers),
     ]
     logf = (artifacts / "server.log").open("ab")
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     try:
         deadline = time.time() + 120
         while True:

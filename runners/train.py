@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -118,6 +119,7 @@ class Progress(TrainerCallback):
             temperature=self.recipe.train.temperature,
             reward=next(iter(self.recipe.data.reward)),
             seed=step,
+            accelerator=self.trainer.accelerator,
         )
         self.eval_profiler.end("evaluation")
         self.eval_seconds += time.perf_counter() - t0
@@ -131,6 +133,7 @@ class Progress(TrainerCallback):
             "val/pass_at_16": m["pass_at_k"],
             "val/format_error_rate": m["format_error_rate"],
             "val/seconds": m["seconds"],
+            "val/prompts": float(m["prompts"]),
             "val/sequences_per_second": m["sequences"] / max(m["seconds"], 1e-9),
             **self.compute(),
             "time/eval_seconds_total": self.eval_seconds,
@@ -232,7 +235,7 @@ def train(
     funcs, weights = reward_setup(recipe)
     args = GRPOConfig(
         output_dir=str(ckpt_dir),
-        **trl_args(recipe),
+        **trl_args(recipe, world_size=int(os.environ.get("WORLD_SIZE", "1"))),
         logging_steps=1,
         save_strategy="steps",
         save_steps=recipe.train.save_every,
@@ -274,5 +277,6 @@ def train(
             "re-running resumes."
         ) from e
     final = {"val/best_mean_at_16": progress.best, **progress.compute()}
-    (run_dir / "done.json").write_text(json.dumps(final, indent=2) + "\n")
+    if trainer.accelerator.is_main_process:
+        (run_dir / "done.json").write_text(json.dumps(final, indent=2) + "\n")
     return final

@@ -50,7 +50,7 @@ def read_names(path: Path) -> set[str]:
     return names
 
 
-def closure(roots: tuple[str, ...] | list[str] = ROOTS) -> set[str]:
+def closure(roots: tuple[str, ...] | list[str] = tuple(ROOTS)) -> set[str]:
     """Names of the installed distributions ``roots`` need at run time (extras off)."""
     seen: set[str] = set()
     stack = [norm(r) for r in roots]
@@ -70,10 +70,12 @@ def closure(roots: tuple[str, ...] | list[str] = ROOTS) -> set[str]:
     return seen
 
 
-def select(lock: dict[str, str], provided: set[str], always: set[str] = ALWAYS) -> list[str]:
+def select(
+    lock: dict[str, str], provided: set[str], always: set[str] = ALWAYS, extra: tuple[str, ...] = ()
+) -> list[str]:
     """``name==version`` pins to download: the closure, less torch and what the target provides."""
     pins = []
-    for name in sorted(closure()):
+    for name in sorted(closure([*ROOTS, *extra])):
         if name in NEVER or (name in provided and name not in always):
             continue
         if name not in lock:
@@ -111,9 +113,16 @@ def main(argv: list[str] | None = None) -> int:
         help="file naming the packages the target already has (pip freeze output works); "
         "they are left out, except the HF/RL stack (" + ", ".join(sorted(ALWAYS)) + ")",
     )
+    p.add_argument(
+        "--with",
+        dest="extra",
+        action="append",
+        default=[],
+        help="also these packages and their needs, e.g. --with ray for a Ray cluster, --with psycopg2-binary",
+    )
     args = p.parse_args(argv)
     provided = read_names(args.provided) if args.provided else set()
-    pins = select(read_lock(args.lock), provided)
+    pins = select(read_lock(args.lock), provided, extra=tuple(args.extra))
     print(f"{len(pins)} wheels for Python {args.python} → {args.out}/", flush=True)
     download(pins, args.out, args.python)
     size = sum(f.stat().st_size for f in args.out.glob("*.whl")) / 2**20

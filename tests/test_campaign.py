@@ -264,3 +264,86 @@ def test_notebook_runs_on_a_tiny_campaign(store, tmp_path, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     text = json.dumps([o.get("data", {}) for o in outputs])
     assert "loss=dapo" in text and "baseline" in text and "image/png" in text
+
+
+def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path):
+    """A real local Ray instance: two runs land in MLflow; a run whose process is killed by a signal
+    (as a preempted job's is) is retried by Ray and resumes into the same MLflow run."""
+    import ray
+
+    path = write_campaign(
+        tmp_path / "ray.yaml",
+        "tiny-ray",
+        4,
+        {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}},
+        backend="ray",
+        max_retries=2,
+    )
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        # preempt the first run once: a watcher kills its train process after the first checkpoint
+        killed = []
+
+        def preempt() -> None:
+            deadline = time.time() + 300
+            while time.time() < deadline and not killed:
+                ckpts = list((tmp_path / "artifacts").glob("campaigns/tiny-ray/baseline-*/checkpoints/checkpoint-2"))
+                if ckpts:
+                    for p in psutil.process_iter(["cmdline"]):
+                        cmd = " ".join(p.info["cmdline"] or [])
+                        if "runners train" in cmd and "baseline-seed0" in cmd:
+                            p.kill()
+                            killed.append(p.pid)
+                time.sleep(0.2)
+
+        import threading
+
+        watcher = threading.Thread(target=preempt, daemon=True)
+        watcher.start()
+        summary = run_campaign(path, log=lambda m: None)
+        watcher.join(timeout=1)
+    finally:
+        ray.shutdown()
+    assert not summary["failures"] and summary["ran"] == 2
+    assert killed, "the watcher never found the run to preempt"
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("tiny-ray")
+    children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+    assert len(children) == 2 and all(r.data.tags["prl.done"] == "1" for r in children)
+    for run in children:
+        assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
+        assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
+    log = next((tmp_path / "artifacts" / "campaigns" / "tiny-ray").glob("baseline-*/run.log")).read_text()
+    assert "resuming from" in log
+
+
+def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base):
+    """A real PostgreSQL (Debian's binaries) behind ``mlflow server``, three runs writing at once."""
+    from runners.postgres import PostgresCluster
+    from runners.tracking import local_server
+
+    monkeypatch.chdir(tmp_path)
+    with (
+        PostgresCluster(tmp_path / "pg" / "data", port=free_port()) as pg,
+        local_server(pg.uri, tmp_path / "artifacts-root", workers=2, log=lambda m: None) as url,
+    ):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        path = write_campaign(
+            tmp_path / "pg.yaml",
+            "tiny-pg",
+            4,
+            {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]}},
+            parallel=3,
+        )
+        summary = run_campaign(path, log=lambda m: None)
+        assert not summary["failures"] and summary["ran"] == 3
+        assert summary["tracking_uri"] == url
+        client = MlflowClient(url)
+        exp = client.get_experiment_by_name("tiny-pg")
+        children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+        assert len(children) == 3
+        for run in children:
+            assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
+            for key in ("train/loss", "train/reward", "train/time/generation_seconds"):
+                assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
+            assert "report" in {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -1,0 +1,73 @@
+"""Campaign backend on a Ray cluster: one Ray task per run, scheduled by Ray on its nodes' CPUs/GPUs.
+
+Each task runs the same command as the local scheduler (``python -m runners train recipe.yaml``)
+with the run's MLflow run id, so a run that is preempted (its process killed by a signal, or its
+node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run. Run
+folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
+reachable from every node (``make tracking-server`` on the head node, or any MLflow server).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+class Preempted(RuntimeError):
+    """The run's process was killed by a signal: retry it (it resumes from its checkpoint)."""
+
+
+def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> tuple[int, str]:
+    with open(log_path, "a") as logf:
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd)
+    if proc.returncode < 0:
+        raise Preempted(f"run process killed by signal {-proc.returncode}")
+    lines = [x for x in Path(log_path).read_text(errors="replace").splitlines() if x.strip()]
+    return proc.returncode, "\n".join(lines[-5:])
+
+
+def run_on_ray(
+    launches: list[tuple[Any, list[str], dict[str, str], Path]],
+    *,
+    address: str | None,
+    gpus_per_run: int,
+    max_retries: int,
+    log: Callable[[str], None],
+) -> list[tuple[Any, str]]:
+    """Submit every ``(spec, cmd, env, run_dir)`` as a Ray task and wait; returns ``(spec, log tail)`` failures."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    res = ray.cluster_resources()
+    log(f"Ray cluster: {res.get('CPU', 0):.0f} CPU, {res.get('GPU', 0):.0f} GPU")
+    gpus = gpus_per_run if res.get("GPU", 0) > 0 else 0
+    task = ray.remote(_run_task).options(
+        num_cpus=1, num_gpus=gpus, max_retries=max_retries, retry_exceptions=[Preempted]
+    )
+    pending = {}
+    for spec, cmd, env, rdir in launches:
+        if gpus > 1:
+            cmd = [*cmd, "--gpus", str(gpus)]
+        ref = task.remote(cmd, env, str(Path.cwd()), str(rdir / "run.log"))
+        pending[ref] = spec
+    failures, t0, done = [], time.perf_counter(), 0
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        spec = pending.pop(ready[0])
+        done += 1
+        try:
+            code, tail = ray.get(ready[0])
+        except Exception as e:  # noqa: BLE001 - retries exhausted, or the task could not run
+            code, tail = -1, f"{type(e).__name__}: {e}"
+        elapsed = time.perf_counter() - t0
+        if code == 0:
+            log(f"[{done}/{len(launches)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far, Ray)")
+        else:
+            failures.append((spec, tail))
+            log(f"[{done}/{len(launches)}] FAILED {spec.variant} seed {spec.seed}: {tail.splitlines()[-1:]}")
+    return failures
