@@ -218,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         "tracking server in front of it serving artifacts from ROOT/artifacts, on 127.0.0.1 by default.",
     )
     ts.add_argument("--root", default="artifacts/tracking", help="folder for pgdata/ and artifacts/")
-    ts.add_argument("--db-uri", help="an existing database, e.g. postgresql://user:pass@dbhost/mlflow")
+    ts.add_argument("--db-uri", help="an existing database, e.g. postgresql+psycopg2://user:pass@dbhost/mlflow")
     ts.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; see the README first)")
     ts.add_argument("--port", type=int, default=5001, help="MLflow port (default 5001)")
     ts.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")

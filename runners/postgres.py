@@ -38,19 +38,25 @@ class PostgresCluster:
 
     @property
     def uri(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{self.database}"  # initdb's superuser
+        # initdb's superuser, through psycopg2 (SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3)
+        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{self.database}"
 
     def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
         full = ["runuser", "-u", self.user, "--", *cmd] if self.user else list(cmd)
-        res = subprocess.run(full, capture_output=True, text=True, timeout=120)
+        res = subprocess.run(full, capture_output=True, text=True, timeout=120, cwd="/")
         if check and res.returncode != 0:
             raise PostgresError(f"{' '.join(cmd[:2])} failed: {(res.stderr or res.stdout).strip()[-500:]}")
         return res
 
     def start(self) -> PostgresCluster:
-        if self.user:  # the data folder and its parents must be reachable by the postgres user
+        if self.user:  # the data folder must be reachable by the postgres user
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(self.data_dir.parent, 0o777)
+            os.chmod(self.data_dir.parent, 0o755)
+            if self._run("test", "-x", str(self.data_dir.parent), check=False).returncode != 0:
+                raise PostgresError(
+                    f"{self.data_dir.parent}: the postgres user cannot reach this folder (PostgreSQL does not run "
+                    "as root, so it runs as 'postgres'); choose a data folder whose parents are world-searchable"
+                )
         if not (self.data_dir / "PG_VERSION").is_file():
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if self.user:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -317,14 +319,17 @@ def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path
     assert "resuming from" in log
 
 
-def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base):
+def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
     """A real PostgreSQL (Debian's binaries) behind ``mlflow server``, three runs writing at once."""
     from runners.postgres import PostgresCluster
     from runners.tracking import local_server
 
     monkeypatch.chdir(tmp_path)
+    pg_root = Path(tempfile.mkdtemp(prefix="prl-pg-", dir="/tmp"))  # reachable by the postgres user when root
+    os.chmod(pg_root, 0o755)
+    request.addfinalizer(lambda: shutil.rmtree(pg_root, ignore_errors=True))
     with (
-        PostgresCluster(tmp_path / "pg" / "data", port=free_port()) as pg,
+        PostgresCluster(pg_root / "data", port=free_port()) as pg,
         local_server(pg.uri, tmp_path / "artifacts-root", workers=2, log=lambda m: None) as url,
     ):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
