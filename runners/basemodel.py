@@ -132,6 +132,8 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         dataloader_num_workers=4 if torch.cuda.is_available() else 0,
         disable_tqdm=True,
     )
+    if args.n_gpu > 1:  # one device is plenty for the warm start; Trainer would use DataParallel, which TRL refuses
+        args._n_gpu = 1
     trainer = SFTTrainer(model=model, args=args, train_dataset=demos, processing_class=tokenizer)
     trainer.train()
     shutil.rmtree(out / "sft", ignore_errors=True)

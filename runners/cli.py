@@ -23,7 +23,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def launch_distributed(args: argparse.Namespace, n: int) -> int:
+def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
     """Re-run this command as ``n`` processes through ``accelerate launch`` (DDP; gloo on CPU, NCCL on GPUs)."""
     import subprocess
 
@@ -40,6 +40,11 @@ def launch_distributed(args: argparse.Namespace, n: int) -> int:
     cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
     if args.run_dir:
         cmd += ["--run-dir", args.run_dir]
+    if recipe.model.size is not None:  # build the base model once, here, not in every process
+        from runners.basemodel import ensure_base_model
+        from runners.data import task_of
+
+        ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
     print(f"launching {n} {device} through accelerate (DDP)", flush=True)
     return subprocess.call(cmd)
@@ -48,7 +53,7 @@ def launch_distributed(args: argparse.Namespace, n: int) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     recipe = _recipe(args)  # validates before any process is launched
     if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
-        return launch_distributed(args, args.gpus)
+        return launch_distributed(args, recipe, args.gpus)
     from runners.train import train
 
     run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name.replace('/', '-')}-seed{recipe.train.seed}")
