@@ -247,6 +247,8 @@ def train(
         reward_weights=weights,
         **(extra_args or {}),
     )
+    if args.n_gpu > 1:  # one process, several visible GPUs: use one (spread a run with --gpus N instead)
+        args._n_gpu = 1
     progress = Progress(recipe, val_rows, run_dir, sinks or [], log)
     trainer = ScaleRLTrainer(
         model=model,
