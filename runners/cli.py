@@ -35,8 +35,12 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
 
     if torch.cuda.is_available() and torch.cuda.device_count() < n:
         raise RecipeError(f"--gpus {n}: only {torch.cuda.device_count()} GPU(s) visible (CUDA_VISIBLE_DEVICES)")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(n)]
-    cmd += ["--num_machines", "1", "--main_process_port", str(free_port()), "--dynamo_backend", "no"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n)]
+    if args.accelerate_config:  # the user's accelerate config (e.g. FSDP for a model that needs sharding)
+        cmd += ["--config_file", args.accelerate_config]
+    else:
+        cmd += ["--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
+    cmd += ["--main_process_port", str(free_port())]
     cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
     if args.run_dir:
         cmd += ["--run-dir", args.run_dir]
@@ -192,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="spread the run over N devices with accelerate (DDP): N GPUs, or N CPU processes without GPUs",
+    )
+    t.add_argument(
+        "--accelerate-config",
+        help="with --gpus: an `accelerate config` file to launch with instead of plain DDP (e.g. FSDP)",
     )
     add("base-model", cmd_base_model, "build (or find cached) the embedded base model of a recipe")
     c = sub.add_parser(
