@@ -145,10 +145,15 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_tracking_server(args: argparse.Namespace) -> int:
     import contextlib
+    import signal
 
     from runners.postgres import PostgresCluster
     from runners.tracking import free_port, local_server
 
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt  # a SIGTERM stops MLflow and PostgreSQL as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop)
     root = Path(args.root)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
