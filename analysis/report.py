@@ -62,9 +62,17 @@ def resolve_run(client: MlflowClient, ref: str, experiment: str | None = None) -
     if experiment and exps[0] is None:
         raise ValueError(f"no experiment named {experiment!r} at {client.tracking_uri}")
     ids = [e.experiment_id for e in exps if e is not None]
-    runs = client.search_runs(ids, filter_string=f"attributes.run_name = '{ref}'", max_results=50) if ids else []
+    runs = (
+        client.search_runs(
+            ids, filter_string=f"attributes.run_name = '{ref}'", max_results=50, order_by=["attributes.start_time DESC"]
+        )
+        if ids
+        else []
+    )
     if not runs:
         raise ValueError(f"no run with id or name {ref!r} at {client.tracking_uri}")
+    if len({r.info.experiment_id for r in runs}) == 1:
+        return runs[0]  # the same name in one campaign (an earlier identity of the run): the newest
     if len(runs) > 1:
         where = ", ".join(f"{r.info.run_id} ({client.get_experiment(r.info.experiment_id).name})" for r in runs)
         raise ValueError(f"{len(runs)} runs are named {ref!r}: {where}; pass a run id or --experiment")
@@ -291,9 +299,8 @@ def write_run_report(
             ax.barh([0], [secs], left=left, label=f"{ph} {secs:.2f}s")
             left += secs
         ax.set(yticks=[], xlabel="seconds per training step", title="Time profile of a step")
-        ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.5))
-        fig.tight_layout()
-        fig.savefig(out / "time_profile.png", dpi=110)
+        ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+        fig.savefig(out / "time_profile.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
         written.append("time_profile.png")
     mem_keys = sorted(k for k in h if k.startswith(("train/memory/", "memory/")) and "peak" not in k)
