@@ -338,6 +338,8 @@ def write_run_report(
         total = sum(per_step.values())
         md += ["", "## Time per training step", "", "| phase | seconds | share |", "|---|---|---|"]
         md += [f"| {ph} | {s:.3f} | {s / total:.0%} |" for ph, s in per_step.items()]
+        if "update" not in per_step:
+            md += ["", "Training phases were not recorded (the run predates per-phase profiling)."]
     peaks = {k.split("memory/")[1]: float(h[k].max()) for k in h if "memory/" in k}
     if peaks:
         md += ["", "## Peak memory (GiB)", "", "| measure | peak |", "|---|---|"]
