@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 ROOTS = ["trl", "transformers", "tokenizers", "datasets", "accelerate", "mlflow", "math-verify"]
 ROOTS += ["scipy", "numpy", "pandas", "matplotlib", "pyyaml", "psutil"]
 NEVER = {"torch", "triton"}  # the target's own CUDA build
-ALWAYS = {"trl", "transformers", "huggingface-hub", "hf-xet", "datasets"}
+ALWAYS = {"trl", "transformers", "tokenizers", "huggingface-hub", "hf-xet", "datasets"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 PLATFORMS += ("manylinux1_x86_64", "manylinux_2_24_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64")
 
@@ -59,6 +59,8 @@ def closure(roots: tuple[str, ...] | list[str] = tuple(ROOTS)) -> set[str]:
         if name in seen:
             continue
         seen.add(name)
+        if name in NEVER:  # the target's torch brings its own needs
+            continue
         try:
             requires = md.distribution(name).requires or []
         except md.PackageNotFoundError as e:

@@ -1,0 +1,79 @@
+"""Moving results between machines: the wheel set for an offline target, and importing an MLflow store."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from runners.transfer import SOURCE_TAG, import_store
+from runners.wheelhouse import read_lock, select
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_set_is_the_pinned_closure_less_what_the_target_has():
+    lock = read_lock(ROOT / "requirements.lock")
+    everything = {p.split("==")[0]: p.split("==")[1] for p in select(lock, provided=set())}
+    assert "torch" not in everything  # the target's own CUDA build
+    assert {"trl", "transformers", "mlflow", "datasets", "scipy"} <= set(everything)
+    assert all(lock[name] == version for name, version in everything.items())  # the tested versions
+    assert "pytest" not in everything and "ruff" not in everything  # runtime only
+
+    image = {"numpy", "scipy", "pandas", "transformers", "trl", "accelerate"}
+    pins = {p.split("==")[0] for p in select(lock, provided=image)}
+    assert {"numpy", "scipy", "pandas", "accelerate"}.isdisjoint(pins)  # provided: left out
+    assert {"transformers", "trl"} <= pins  # the HF/RL stack travels whatever the target has
+
+    with pytest.raises(SystemExit, match="not pinned"):
+        select({k: v for k, v in lock.items() if k != "trl"}, provided=set())
+
+
+def make_source(uri: str, root: Path) -> tuple[str, str]:
+    client = MlflowClient(uri)
+    exp = client.create_experiment("camp", artifact_location=str(root / "mlruns"))
+    parent = client.create_run(exp, run_name="camp", tags={"prl.kind": "campaign"})
+    child = client.create_run(
+        exp, run_name="baseline/seed0", tags={"mlflow.parentRunId": parent.info.run_id, "prl.run_id": "abc"}
+    )
+    cid = child.info.run_id
+    client.log_batch(cid, params=[], metrics=[Metric("val/mean_at_16", 0.1 * s, 0, s) for s in range(5)])
+    client.log_param(cid, "algorithm.loss", "cispo")
+    f = root / "metrics.jsonl"
+    f.write_text('{"step": 0}\n')
+    client.log_artifact(cid, str(f))
+    client.set_terminated(cid)
+    client.set_terminated(parent.info.run_id)
+    return parent.info.run_id, cid
+
+
+def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path):
+    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    parent_id, child_id = make_source(src, tmp_path)
+    counts = import_store(src, dst, log=lambda m: None)
+    assert counts["runs"] == 2 and counts["metrics"] == 5
+
+    client = MlflowClient(dst)
+    exp = client.get_experiment_by_name("camp")
+    runs = {r.data.tags[SOURCE_TAG]: r for r in client.search_runs([exp.experiment_id])}
+    child, parent = runs[child_id], runs[parent_id]
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id  # remapped to the copy
+    assert child.data.tags["prl.run_id"] == "abc" and child.data.params["algorithm.loss"] == "cispo"
+    hist = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "val/mean_at_16"))
+    assert hist == [(s, pytest.approx(0.1 * s)) for s in range(5)]
+    assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["metrics.jsonl"]
+    assert child.info.status == "FINISHED"
+
+    again = import_store(src, dst, log=lambda m: None)
+    assert again["runs"] == 0 and again["skipped"] == 2
+
+
+def test_import_cli_errors_before_touching_anything(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "runners", "import", str(tmp_path / "missing.db")], capture_output=True, text=True
+    )
+    assert res.returncode == 2 and "no such MLflow store file" in res.stderr
