@@ -65,10 +65,16 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
     return np.ceil(steps / k) * rollouts
 
 
-def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:
-    """Fit each variant (seeds pooled) and compare it with the baseline by the paper's rule."""
+def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+    """The campaign's fit settings over the defaults, and its A grid (None: scalefit's default)."""
     cfg = {**DEFAULT_FIT, **(fit or {})}
     a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
+    return cfg, a_grid
+
+
+def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:
+    """Fit each variant (seeds pooled) and compare it with the baseline by the paper's rule."""
+    cfg, a_grid = _fit_config(fit)
     x, y = cfg["x"], "val/mean_at_16"
     fits, boots, rows = {}, {}, []
     for variant, g in curves.groupby("variant", sort=False):
@@ -196,8 +202,7 @@ def extrapolation_check(curves: pd.DataFrame, fit: dict[str, Any] | None = None,
     The observed final value is the mean over seeds of each seed's last evaluation; the error is
     predicted - observed. This is the paper's claim put to the test: a curve fitted early predicts late.
     """
-    cfg = {**DEFAULT_FIT, **(fit or {})}
-    a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
+    cfg, a_grid = _fit_config(fit)
     x, y = cfg["x"], "val/mean_at_16"
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
@@ -248,7 +253,7 @@ def write_report(
     table.to_csv(out / "loo_table.csv", index=False)
     md = to_markdown(table)
     (out / "loo_table.md").write_text(md)
-    x = {**DEFAULT_FIT, **(fit or {})}["x"]
+    x = _fit_config(fit)[0]["x"]
     if extra["fits"]:
         plot_fits(
             extra["fits"],

@@ -132,8 +132,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         dataloader_num_workers=4 if torch.cuda.is_available() else 0,
         disable_tqdm=True,
     )
-    if args.n_gpu > 1:  # one device is plenty for the warm start; Trainer would use DataParallel, which TRL refuses
-        args._n_gpu = 1
+    use_one_gpu(args)  # one device is plenty for the warm start
     trainer = SFTTrainer(model=model, args=args, train_dataset=demos, processing_class=tokenizer)
     trainer.train()
     shutil.rmtree(out / "sft", ignore_errors=True)
@@ -154,6 +153,13 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         "samples": samples,
         "seconds": time.perf_counter() - t0,
     }
+
+
+def use_one_gpu(args) -> None:
+    """Keep a single (non-distributed) process on one GPU: with several visible, Trainer would wrap
+    the model in DataParallel, which TRL's trainers refuse."""
+    if args.n_gpu > 1:
+        args._n_gpu = 1
 
 
 def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None, attention: str | None = None):

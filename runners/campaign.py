@@ -223,20 +223,21 @@ def run_campaign(
     parent = _parent(client, exp_id, camp)
     todo = [s for s in specs if status_of(existing.get(s.run_key)) != "done"]
     log(f"{len(specs) - len(todo)} done, {len(todo)} to run")
-    n_todo = len(todo)
     t0 = time.perf_counter()
     use_server = uri.startswith("sqlite:")
     server = local_server(uri, runs_root / camp.name / "mlartifacts", log=log) if use_server else None
-    failures: list[tuple[RunSpec, str]] = []
     with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
         worker_client = MlflowClient(worker_uri)
+
+        def run_id(spec: RunSpec) -> str:  # the run's MLflow run: resumed if it exists, else a new child
+            run = existing.get(spec.run_key) or _create_child(worker_client, exp_id, parent, camp, spec)
+            return run.info.run_id
+
+        root = runs_root / camp.name
         if camp.backend == "ray":
             from runners.cluster import run_on_ray
 
-            launches = []
-            for spec in todo:
-                run = existing.get(spec.run_key) or _create_child(worker_client, exp_id, parent, camp, spec)
-                launches.append((spec, *_command(spec, run.info.run_id, worker_uri, runs_root / camp.name)))
+            launches = [(spec, *_command(spec, run_id(spec), worker_uri, root)) for spec in todo]
             failures = run_on_ray(
                 launches,
                 address=camp.ray_address,
@@ -244,44 +245,13 @@ def run_campaign(
                 max_retries=camp.max_retries,
                 log=log,
             )
-            todo = []  # done by Ray
-        slots = _slots(camp) if todo else []
-        running: list[tuple[subprocess.Popen, RunSpec, Path, Any]] = []
-        queue = list(todo)
-        done_count = 0
-        while queue or running:
-            while queue and len(running) < len(slots):
-                spec = queue.pop(0)
-                device = _free_slot(slots, running)
-                run = existing.get(spec.run_key) or _create_child(worker_client, exp_id, parent, camp, spec)
-                threads = max(1, (os.cpu_count() or 1) // len(slots))
-                proc, rdir, logf = _launch(spec, run.info.run_id, worker_uri, runs_root / camp.name, device, threads)
-                running.append((proc, spec, rdir, (logf, device)))
-                log(
-                    f"[{done_count + len(running)}/{len(todo)}] start {spec.variant} seed {spec.seed}"
-                    + (f" on cuda:{device}" if device is not None else "")
-                )
-            time.sleep(1.0)
-            for item in list(running):
-                proc, spec, rdir, (logf, _) = item
-                if proc.poll() is None:
-                    continue
-                running.remove(item)
-                logf.close()
-                done_count += 1
-                elapsed = time.perf_counter() - t0
-                if proc.returncode == 0:
-                    log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
-                else:
-                    tail = _tail(rdir / "run.log")
-                    failures.append((spec, tail))
-                    last = tail.splitlines()[-1] if tail else ""
-                    log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
+        else:
+            failures = _run_local(camp, todo, run_id, worker_uri, root, log)
     wall = time.perf_counter() - t0
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
         "runs": len(specs),
-        "ran": n_todo,
+        "ran": len(todo),
         "failures": failures,
         "seconds": wall,
         "experiment_id": exp_id,
@@ -289,6 +259,41 @@ def run_campaign(
         "tracking_uri": uri,
         "campaign": camp,
     }
+
+
+def _run_local(camp: Campaign, todo: list[RunSpec], run_id, uri: str, root: Path, log) -> list[tuple[RunSpec, str]]:
+    """Run ``todo`` as local processes, as many at once as there are slots; returns the failures."""
+    slots = _slots(camp) if todo else []
+    running: list[tuple[subprocess.Popen, RunSpec, Path, Any]] = []
+    queue, failures, done_count, t0 = list(todo), [], 0, time.perf_counter()
+    while queue or running:
+        while queue and len(running) < len(slots):
+            spec = queue.pop(0)
+            device = _free_slot(slots, running)
+            threads = max(1, (os.cpu_count() or 1) // len(slots))
+            proc, rdir, logf = _launch(spec, run_id(spec), uri, root, device, threads)
+            running.append((proc, spec, rdir, (logf, device)))
+            log(
+                f"[{done_count + len(running)}/{len(todo)}] start {spec.variant} seed {spec.seed}"
+                + (f" on cuda:{device}" if device is not None else "")
+            )
+        time.sleep(1.0)
+        for item in list(running):
+            proc, spec, rdir, (logf, _) = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            logf.close()
+            done_count += 1
+            elapsed = time.perf_counter() - t0
+            if proc.returncode == 0:
+                log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
+            else:
+                tail = _tail(rdir / "run.log")
+                failures.append((spec, tail))
+                last = tail.splitlines()[-1] if tail else ""
+                log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
+    return failures
 
 
 def _slots(camp: Campaign) -> list[str | None]:

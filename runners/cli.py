@@ -131,9 +131,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     from runners.tracking import default_tracking_uri
     from runners.transfer import import_store
 
-    src = args.source if "://" in args.source else f"sqlite:///{Path(args.source).resolve()}"
-    if "://" not in args.source and not Path(args.source).is_file():
-        raise FileNotFoundError(f"import: {args.source}: no such MLflow store file")
+    src = args.source
+    if "://" not in src:  # a SQLite file
+        if not Path(src).is_file():
+            raise FileNotFoundError(f"import: {src}: no such MLflow store file")
+        src = f"sqlite:///{Path(src).resolve()}"
     root = Path(args.artifacts) if args.artifacts else None
     if root is not None and not root.is_dir():
         raise FileNotFoundError(f"import: --artifacts {root}: no such folder")

@@ -26,8 +26,9 @@ def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> t
         proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd)
     if proc.returncode < 0:
         raise Preempted(f"run process killed by signal {-proc.returncode}")
-    lines = [x for x in Path(log_path).read_text(errors="replace").splitlines() if x.strip()]
-    return proc.returncode, "\n".join(lines[-5:])
+    from runners.campaign import _tail
+
+    return proc.returncode, _tail(Path(log_path))
 
 
 def run_on_ray(

@@ -87,6 +87,12 @@ def advice(component: str) -> str:
     return next(v for k, v in ADVICE.items() if component.startswith(k))
 
 
+def largest_part(est: dict[str, float]) -> str:
+    """'<component> (x of y GiB): <what to lower>' for error messages."""
+    dom = dominant(est)
+    return f"{dom} ({est[dom]:.1f} of {est['peak']:.1f} GiB): {advice(dom)}"
+
+
 def format_estimate(est: dict[str, float]) -> list[str]:
     dom = dominant(est)
     lines = [f"    {k:<72} {v:8.2f} GiB" for k, v in est.items() if k != "peak"]
@@ -98,14 +104,13 @@ def format_estimate(est: dict[str, float]) -> list[str]:
 def check_fits(recipe: Recipe, total_gib: float, free_gib: float, log=print) -> None:
     """Refuse a run whose estimate exceeds the device; warn when it exceeds what is free now."""
     est = estimate(recipe)
-    dom = dominant(est)
     if est["peak"] > total_gib:
         raise RecipeError(
             f"recipe {recipe.name!r} needs about {est['peak']:.1f} GiB of device memory, the device has "
-            f"{total_gib:.1f} GiB; the largest part is {dom} ({est[dom]:.1f} GiB): {advice(dom)}"
+            f"{total_gib:.1f} GiB; the largest part is {largest_part(est)}"
         )
     if est["peak"] > free_gib:
         log(
             f"warning: recipe {recipe.name!r} may need {est['peak']:.1f} GiB, {free_gib:.1f} GiB is free now "
-            f"(other processes hold the rest); largest part: {dom}"
+            f"(other processes hold the rest); largest part: {dominant(est)}"
         )

@@ -25,10 +25,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
-from runners.basemodel import ensure_base_model, load_model_and_tokenizer
+from runners.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
 from runners.data import load_rows, task_of
 from runners.evaluation import evaluate
-from runners.memory import advice, check_fits, dominant, estimate
+from runners.memory import check_fits, estimate, largest_part
 from runners.plan import trl_args
 from runners.profiling import PhaseProfiler
 from runners.recipe import Recipe, RecipeError
@@ -247,8 +247,7 @@ def train(
         reward_weights=weights,
         **(extra_args or {}),
     )
-    if args.n_gpu > 1:  # one process, several visible GPUs: use one (spread a run with --gpus N instead)
-        args._n_gpu = 1
+    use_one_gpu(args)  # one process, several visible GPUs: use one (spread a run with --gpus N instead)
     progress = Progress(recipe, val_rows, run_dir, sinks or [], log)
     trainer = ScaleRLTrainer(
         model=model,
@@ -271,12 +270,9 @@ def train(
     try:
         trainer.train(resume_from_checkpoint=last)
     except torch.OutOfMemoryError as e:
-        est = estimate(recipe)
-        dom = dominant(est)
         raise RecipeError(
-            f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is {dom} "
-            f"({est[dom]:.1f} of {est['peak']:.1f} GiB): {advice(dom)}. Finished steps are checkpointed; "
-            "re-running resumes."
+            f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is "
+            f"{largest_part(estimate(recipe))}. Finished steps are checkpointed; re-running resumes."
         ) from e
     final = {"val/best_mean_at_16": progress.best, **progress.compute()}
     if trainer.accelerator.is_main_process:
