@@ -283,13 +283,17 @@ def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path
     )
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        # preempt the first run once: a watcher kills its train process after the first checkpoint
+        # preempt the first run once: a watcher kills its train process once its first checkpoint is complete
         killed = []
 
         def preempt() -> None:
             deadline = time.time() + 300
             while time.time() < deadline and not killed:
-                ckpts = list((tmp_path / "artifacts").glob("campaigns/tiny-ray/baseline-*/checkpoints/checkpoint-2"))
+                ckpts = list(
+                    (tmp_path / "artifacts").glob(
+                        "campaigns/tiny-ray/baseline-*/checkpoints/checkpoint-2/prl_state.json"
+                    )
+                )
                 if ckpts:
                     for p in psutil.process_iter(["cmdline"]):
                         cmd = " ".join(p.info["cmdline"] or [])
