@@ -5,6 +5,13 @@ A × C_mid; for each cell fit only B by least squares; keep the cell with the lo
 sum of squared errors. All 7,100 cells are solved at once by a batched
 scan of B plus Levenberg–Marquardt (``fit_b_grid``), and the winner's B is then
 refined with ``scipy.optimize.curve_fit`` — the optimiser the paper names.
+
+The grid quantises A and C_mid (neighbouring C_mid values can be 30% apart), so the
+winning cell is then polished continuously in (A, B, log C_mid) inside the grid's range:
+the printed point estimate is the least-squares optimum, the same quantity the
+uncertainty methods refit. The grid cell is kept (``grid_A``, ``grid_C_mid``) and decides
+whether the optimum sits on a grid edge. Memory is bounded for any number of points:
+the grid sums are accumulated over chunks of points (``CHUNK_FLOATS``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
 from scalefit.lm import batched_lm
 
 B_BOUNDS = (1e-3, 50.0)
+CHUNK_FLOATS = 4_000_000  # floats per temporary array (32 MB): bounds memory for any n
 B_SCAN = np.geomspace(0.02, 40.0, 80)  # ratio 1.1 between neighbours
 REFINE_SLACK = 0.05
 REFINE_MIN_CELLS = 64
@@ -49,11 +57,22 @@ class SigmoidFit:
     fit_upto: float | None = None
     warnings: list[str] = field(default_factory=list)
     inputs: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    grid_A: float = np.nan  # the winning grid cell, before the continuous polish
+    grid_C_mid: float = np.nan
+    polished: bool = True
+    cmid_auto: bool = False  # the C_mid grid was scaled to the data (a prefix refit scales it again)
+    runs: np.ndarray | None = field(default=None, repr=False)  # run label of each fitted point
+    run_inputs: np.ndarray | None = field(default=None, repr=False)  # run label of each input point
 
     @property
     def a_at_edge(self) -> bool:
-        """A landed on the first or last grid value: the optimum may lie outside the grid."""
-        return len(self.a_grid) > 1 and self.A in (self.a_grid[0], self.a_grid[-1])
+        """A's grid optimum is the first or last grid value: the optimum may lie outside the grid."""
+        return len(self.a_grid) > 1 and self.grid_A in (self.a_grid[0], self.a_grid[-1])
+
+    @property
+    def cmid_at_edge(self) -> bool:
+        """C_mid's grid optimum is the first or last grid value."""
+        return len(self.cmid_grid) > 1 and self.grid_C_mid in (self.cmid_grid[0], self.cmid_grid[-1])
 
     @property
     def n_points(self) -> int:
@@ -65,6 +84,7 @@ class SigmoidFit:
     def refit(self, **overrides: Any) -> SigmoidFit:
         """Fit the same data again with some settings changed (e.g. ``a_grid=[0.6]``)."""
         kwargs = dict(
+            polish_optimum=self.polished,
             r0=self.R0,
             exclude_below=self.exclude_below,
             fit_upto=self.fit_upto,
@@ -72,7 +92,7 @@ class SigmoidFit:
             cmid_grid=self.cmid_grid,
         )
         kwargs.update(overrides)
-        return fit_sigmoid(*self.inputs, **kwargs)
+        return fit_sigmoid(*self.inputs, runs=self.run_inputs, **kwargs)
 
     def extrapolation(self) -> dict[str, float] | None:
         """Error of the fit on the held-out points beyond ``fit_upto`` (None if there are none)."""
@@ -100,6 +120,10 @@ class SigmoidFit:
             "n_points": self.n_points,
             "exclude_below": self.exclude_below,
             "fit_upto": self.fit_upto,
+            "grid_A": self.grid_A,
+            "grid_C_mid": self.grid_C_mid,
+            "a_at_edge": self.a_at_edge,
+            "cmid_at_edge": self.cmid_at_edge,
             "warnings": list(self.warnings),
         }
         extrap = self.extrapolation()
@@ -134,6 +158,12 @@ def check_curve(compute, value) -> tuple[np.ndarray, np.ndarray]:
     return c, v
 
 
+def _chunks(n: int, per_item: int):
+    """Slices of ``range(n)`` so that ``len(slice) * per_item <= CHUNK_FLOATS`` (at least one item)."""
+    step = max(1, CHUNK_FLOATS // max(per_item, 1))
+    return (slice(i, min(i + step, n)) for i in range(0, n, step))
+
+
 def fit_b_grid(
     log_c: np.ndarray, y: np.ndarray, r0: float, a_grid: np.ndarray, cmid_grid: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -143,15 +173,21 @@ def fit_b_grid(
     (C_mid, B) the sums S2 = sum(s^2) and S1 = sum(s * (R0 - y)) give every A's SSE at
     once: SSE = D^2 S2 + 2 D S1 + sum((R0 - y)^2), D = A - R0. B is first scanned on a
     fine log grid, then the promising cells are solved exactly by batched
-    Levenberg–Marquardt from their best scanned B.
+    Levenberg–Marquardt from their best scanned B. Both passes work on chunks of points
+    or cells, so memory stays bounded (``CHUNK_FLOATS``) and time grows linearly in n.
     """
     a_grid, cmid_grid = np.asarray(a_grid, float), np.asarray(cmid_grid, float)
-    na, nc = len(a_grid), len(cmid_grid)
+    na, nc, n = len(a_grid), len(cmid_grid), len(y)
     e = r0 - y
     d = a_grid - r0
-    lr = np.log(cmid_grid)[:, None] - log_c[None, :]  # (nc, n)
-    s = expit(-B_SCAN[None, :, None] * lr[:, None, :])  # (nc, nB, n)
-    s2, s1 = np.einsum("cbn,cbn->cb", s, s), np.einsum("cbn,n->cb", s, e)
+    log_cmid = np.log(cmid_grid)
+    s2 = np.zeros((nc, len(B_SCAN)))
+    s1 = np.zeros((nc, len(B_SCAN)))
+    for part in _chunks(n, nc * len(B_SCAN)):
+        lr = log_cmid[:, None] - log_c[None, part]  # (nc, m)
+        s = expit(-B_SCAN[None, :, None] * lr[:, None, :])  # (nc, nB, m)
+        s2 += np.einsum("cbn,cbn->cb", s, s)
+        s1 += np.einsum("cbn,n->cb", s, e[part])
     sse_scan = d[:, None, None] ** 2 * s2 + 2.0 * d[:, None, None] * s1 + e @ e  # (na, nc, nB)
     best = np.argmin(sse_scan, axis=2)
     b = B_SCAN[best].ravel()
@@ -161,16 +197,49 @@ def fit_b_grid(
     k = min(REFINE_MIN_CELLS, len(sse) - 1)
     cutoff = max(sse.min() * (1.0 + REFINE_SLACK), np.partition(sse, k)[k])
     cells = np.flatnonzero(sse <= cutoff)
-    dd, ll = d[cells // nc, None], lr[cells % nc]
+    for part in _chunks(len(cells), 4 * n):
+        sub = cells[part]
+        dd, lc = d[sub // nc, None], log_cmid[sub % nc, None]
+
+        def residuals(theta: np.ndarray, rows: np.ndarray, dd=dd, lc=lc) -> tuple[np.ndarray, np.ndarray]:
+            ll = lc[rows] - log_c[None, :]
+            sr = expit(-theta[:, :1] * ll)
+            return dd[rows] * sr + e, (-dd[rows] * sr * (1.0 - sr) * ll)[..., None]
+
+        theta, sse_ref = batched_lm(residuals, b[sub, None], np.array([B_BOUNDS[0]]), np.array([B_BOUNDS[1]]))
+        better = sse_ref < sse[sub]
+        b[sub[better]], sse[sub[better]] = theta[better, 0], sse_ref[better]
+    return b.reshape(na, nc), sse.reshape(na, nc)
+
+
+def polish(
+    c: np.ndarray, v: np.ndarray, r0: float, A: float, B: float, C_mid: float, a_range, cmid_range
+) -> tuple[float, float, float, float]:
+    """Least-squares optimum in (A, B, log C_mid) from the grid's winner, inside the grid's range.
+
+    A parameter whose grid has a single value stays fixed (e.g. the comparison's shared A).
+    Returns A, B, C_mid and the SSE.
+    """
+    log_c = np.log(c)
+    free = np.array([a_range[0] < a_range[1], True, cmid_range[0] < cmid_range[1]])
+    lower = np.array([a_range[0], B_BOUNDS[0], np.log(cmid_range[0])])
+    upper = np.array([a_range[1], B_BOUNDS[1], np.log(cmid_range[1])])
+    start = np.array([A, B, np.log(C_mid)])
 
     def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        sr = expit(-theta[:, :1] * ll[rows])
-        return dd[rows] * sr + e, (-dd[rows] * sr * (1.0 - sr) * ll[rows])[..., None]
+        full = np.tile(start, (len(theta), 1))
+        full[:, free] = theta
+        a, b, lc = full[:, :1], full[:, 1:2], full[:, 2:3]
+        u = lc - log_c[None, :]
+        s = expit(-b * u)
+        ds = -s * (1.0 - s)
+        jac = np.stack([s, (a - r0) * ds * u, (a - r0) * ds * b], axis=-1)[..., free]
+        return r0 + (a - r0) * s - v, jac
 
-    theta, sse_ref = batched_lm(residuals, b[cells, None], np.array([B_BOUNDS[0]]), np.array([B_BOUNDS[1]]))
-    better = sse_ref < sse[cells]
-    b[cells[better]], sse[cells[better]] = theta[better, 0], sse_ref[better]
-    return b.reshape(na, nc), sse.reshape(na, nc)
+    theta, sse = batched_lm(residuals, start[None, free], lower[free], upper[free], iters=200)
+    out = start.copy()
+    out[free] = theta[0]
+    return float(out[0]), float(out[1]), float(np.exp(out[2])), float(sse[0])
 
 
 def _edge_warnings(a_grid, cmid_grid, ia: int, ic: int) -> list[str]:
@@ -200,6 +269,8 @@ def fit_sigmoid(
     fit_upto: float | None = None,
     a_grid=None,
     cmid_grid=None,
+    runs=None,
+    polish_optimum: bool = True,
 ) -> SigmoidFit:
     """Fit the ScaleRL sigmoid to one curve (or several seeds' points concatenated).
 
@@ -209,10 +280,15 @@ def fit_sigmoid(
       ``SigmoidFit.extrapolation``. a_grid: A values (default 0.450..0.800 step 0.005).
     cmid_grid: C_mid values, ``"paper"`` for 100 linear values in [100, 40000] GPU-hours,
       or ``None``/``"auto"`` for 100 linear values in [C_max / 100, 4 C_max] of the fitted data.
+    runs: the run (seed) each point belongs to, when several runs are pooled; the uncertainty
+      methods treat each run's evaluations as one correlated series. Default: one run.
+    polish_optimum: polish the grid's winner continuously (default); False gives the paper's
+      procedure exactly (grid values of A and C_mid).
     """
     c_all, v_all = check_curve(compute, value)
     if len(c_all) == 0:
         raise FitError("no points to fit")
+    runs_all = np.zeros(len(c_all), dtype=int) if runs is None else _run_labels(runs, len(c_all))
     if r0 is None:
         r0 = float(np.mean(v_all[c_all == c_all.min()]))
     elif not 0.0 <= r0 <= 1.0:
@@ -230,6 +306,11 @@ def fit_sigmoid(
             + (f", <= {fit_upto:g} (--fit-upto)" if fit_upto is not None else "")
             + f"; need at least {MIN_POINTS}"
         )
+    if c.max() <= c.min() * (1.0 + 1e-9):
+        raise FitError(
+            f"every fitted point has the same compute ({c.min():g}): there is no compute range to fit a curve to; "
+            "check the compute column"
+        )
     order = np.argsort(c)
     tail = v[order][-max(2, len(c) // 4) :]
     gain = float(tail.mean() - r0)
@@ -240,10 +321,11 @@ def fit_sigmoid(
         )
 
     a_grid = PAPER_A_GRID if a_grid is None else np.atleast_1d(np.asarray(a_grid, float))
+    cmid_auto = False
     if isinstance(cmid_grid, str) and cmid_grid == "paper":
         cmid_grid = PAPER_CMID_GRID
     elif cmid_grid is None or (isinstance(cmid_grid, str) and cmid_grid == "auto"):
-        cmid_grid = auto_cmid_grid(float(c.max()))
+        cmid_grid, cmid_auto = auto_cmid_grid(float(c.max())), True
     else:
         cmid_grid = np.atleast_1d(np.asarray(cmid_grid, float))
     if (cmid_grid <= 0).any():
@@ -251,8 +333,15 @@ def fit_sigmoid(
 
     b_cells, sse_cells = fit_b_grid(np.log(c), v, r0, a_grid, cmid_grid)
     ia, ic = np.unravel_index(int(np.argmin(sse_cells)), sse_cells.shape)
-    A, C_mid, B, sse = float(a_grid[ia]), float(cmid_grid[ic]), float(b_cells[ia, ic]), float(sse_cells[ia, ic])
-    B, sse = _refine_b(c, v, A, C_mid, r0, B, sse)
+    grid_A, grid_C_mid = float(a_grid[ia]), float(cmid_grid[ic])
+    B, sse = _refine_b(c, v, grid_A, grid_C_mid, r0, float(b_cells[ia, ic]), float(sse_cells[ia, ic]))
+    A, C_mid = grid_A, grid_C_mid
+    if polish_optimum:
+        pA, pB, pC, p_sse = polish(
+            c, v, r0, A, B, C_mid, (a_grid.min(), a_grid.max()), (cmid_grid.min(), cmid_grid.max())
+        )
+        if p_sse <= sse:
+            A, B, C_mid, sse = pA, pB, pC, p_sse
 
     notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
     for note in notes:
@@ -273,7 +362,21 @@ def fit_sigmoid(
         fit_upto=fit_upto,
         warnings=notes,
         inputs=(c_all, v_all),
+        grid_A=grid_A,
+        grid_C_mid=grid_C_mid,
+        cmid_auto=cmid_auto,
+        polished=polish_optimum,
+        runs=runs_all[use],
+        run_inputs=runs_all,
     )
+
+
+def _run_labels(runs, n: int) -> np.ndarray:
+    """Integer codes for the run label of each point."""
+    labels = np.asarray(runs).ravel()
+    if len(labels) != n:
+        raise FitError(f"runs has {len(labels)} labels but there are {n} points")
+    return np.unique(labels.astype(str), return_inverse=True)[1]
 
 
 def _refine_b(c, v, A, C_mid, r0, B, sse) -> tuple[float, float]:

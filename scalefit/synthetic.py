@@ -59,3 +59,47 @@ def table1_frame(seeds: int = 1, **kwargs) -> pd.DataFrame:
             c, v = synthetic_curve(cm, b, a, seed=1000 * i + s, **kwargs)
             rows.append(pd.DataFrame({"run": run, "seed": s, "gpu_hours": c, "mean_at_16": v}))
     return pd.concat(rows, ignore_index=True)
+
+
+def realistic_runs(
+    C_mid: float,
+    B: float,
+    A: float,
+    *,
+    R0: float = 0.30,
+    c_max: float = 16_000.0,
+    n_points: int = 41,
+    n_prompts: int = 1000,
+    drift_sd: float = 0.01,
+    drift_phi: float = 0.8,
+    seed_sd: float = 0.01,
+    seeds: int = 1,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Runs of one recipe as a real campaign would log them: long table (seed, compute, value).
+
+    Each run adds to the true curve a fixed offset (seed-to-seed, sd ``seed_sd``), a slowly
+    drifting deviation (AR(1) over evaluations, stationary sd ``drift_sd``, lag-1 correlation
+    ``drift_phi``: the policy wanders and successive evaluations share it) and the
+    evaluation's own noise: ``n_prompts`` fixed validation prompts of different difficulty,
+    16 samples each.
+    """
+    rng = np.random.default_rng(seed)
+    compute = np.linspace(0.0, c_max, n_points)
+    truth = sigmoid(compute, A, B, C_mid, R0)
+    prompt_shift = rng.normal(0.0, 1.0, size=n_prompts)  # fixed validation set: easy and hard prompts
+    frames = []
+    for s in range(seeds):
+        drift = np.empty(n_points)
+        drift[0] = 0.0  # every run starts from the same base model
+        innov = np.sqrt(1.0 - drift_phi**2) * drift_sd
+        for t in range(1, n_points):
+            drift[t] = drift_phi * drift[t - 1] + innov * rng.standard_normal()
+        offset = rng.normal(0.0, seed_sd) * (compute > 0)
+        p = np.clip(truth + drift + offset, 1e-4, 1 - 1e-4)
+        logit = np.log(p / (1 - p))[:, None] + prompt_shift[None, :]
+        per_prompt = 1.0 / (1.0 + np.exp(-logit))
+        per_prompt *= (p / per_prompt.mean(axis=1))[:, None]  # keep the set's mean pass rate at p
+        value = rng.binomial(16, np.clip(per_prompt, 0, 1)).mean(axis=1) / 16.0
+        frames.append(pd.DataFrame({"seed": s, "compute": compute, "value": value, "truth": truth}))
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,541 @@
+"""Honest predictions: a confidence band, a calibrated prediction band, backtests and a verdict.
+
+``forecast(fit)`` answers "where will an evaluation at compute C land, and can I trust that?":
+
+1. **Noise model** (``NoiseModel``). The residuals of each run are one series, not iid points:
+   their variance (at least the evaluation's own binomial variance when the caller gives its
+   size) and their lag-1 correlation (bias-corrected for short series) describe an AR(1)
+   deviation of each run from the mean curve; that holds evaluation noise, slow drift of the
+   policy and, with several runs, run-to-run offsets.
+2. **Correlated parametric bootstrap.** Each resample draws a new noise level (its posterior
+   given the residual degrees of freedom), an AR(1) deviation series per run — starting at the
+   zero-compute evaluation, so R0 is uncertain too — and refits A, B and C_mid. The spread of
+   the refitted curves is the **confidence band** (the mean curve); adding a new evaluation's
+   deviation gives the **prediction band** (where an observation lands).
+3. **Backtests** (rolling origin). Earlier prefixes of the same data are fitted and asked to
+   predict later known points at the same extrapolation ratio as the real question. Their
+   standardised errors calibrate the prediction band (its width is scaled by their pooled
+   RMS, split-conformal style, with a prior weight so two backtests cannot shrink it to
+   nothing) and their raw errors give the **expected extrapolation error** of this curve.
+4. **Verdict.** ``predictable`` or ``not yet predictable``, with every reason in numbers: too
+   few points to backtest, the knee not reached, A or C_mid on a grid edge, backtest error
+   above the comparison margin, residuals the sigmoid does not explain. When not predictable,
+   how much more compute the backtests suggest before a ±margin prediction becomes likely.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.special import expit
+
+from scalefit.curve import sigmoid
+from scalefit.errors import FitError
+from scalefit.fit import B_BOUNDS, MIN_POINTS, SigmoidFit, fit_sigmoid
+from scalefit.lm import batched_lm
+
+PARAMS = ("A", "B", "C_mid")
+DEFAULT_LEVEL = 0.9
+DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
+PHI_MAX = 0.95
+KNEE_SHARE = 0.5  # share of the fitted gain reached at the last fitted point: C_fit >= C_mid
+CALIBRATION_PRIOR = 2.0  # weight of "the model's own band is right" against the backtests
+MAX_BACKTESTS = 6
+BACKTEST_RESAMPLES = 150
+STRUCTURE_Z = 3.0
+DEBIAS_ROUNDS = 3
+
+
+@dataclass
+class NoiseModel:
+    """Deviation of each run from the mean curve: AR(1) over successive evaluations."""
+
+    sigma: float  # marginal standard deviation of one evaluation around the mean curve
+    phi: float  # lag-1 correlation between successive evaluations of one run
+    dof: int  # residual degrees of freedom behind sigma
+    sigma_eval: float | None  # the evaluation's own sampling sd, when its size is known
+    n_runs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sigma": self.sigma,
+            "phi": self.phi,
+            "dof": self.dof,
+            "sigma_eval": self.sigma_eval,
+            "n_runs": self.n_runs,
+        }
+
+
+def eval_sd(p, eval_prompts: int | None, eval_samples: int = 16) -> np.ndarray | None:
+    """Sampling sd of mean@k over ``eval_prompts`` prompts at pass rate p (binomial, an upper bound:
+    differences between prompts only lower it)."""
+    if not eval_prompts:
+        return None
+    p = np.clip(np.asarray(p, float), 0.0, 1.0)
+    return np.sqrt(p * (1.0 - p) / (eval_prompts * eval_samples))
+
+
+def _series(fit: SigmoidFit) -> list[np.ndarray]:
+    """Indices into the fit's inputs of each run's evaluations in compute order, zero compute included."""
+    c_all, _ = fit.inputs
+    runs = fit.run_inputs if fit.run_inputs is not None else np.zeros(len(c_all), int)
+    fitted = _fitted_mask(fit)
+    out = []
+    for r in np.unique(runs):
+        idx = np.flatnonzero((runs == r) & (fitted | (c_all == c_all.min())))
+        out.append(idx[np.argsort(c_all[idx], kind="stable")])
+    return out
+
+
+def _fitted_mask(fit: SigmoidFit) -> np.ndarray:
+    c_all, _ = fit.inputs
+    keep = c_all > 0
+    if fit.exclude_below is not None:
+        keep &= c_all >= fit.exclude_below
+    if fit.fit_upto is not None:
+        keep &= c_all <= fit.fit_upto
+    return keep
+
+
+def _residual_stats(resid: np.ndarray, series: list[np.ndarray], n_free: int) -> tuple[np.ndarray, np.ndarray]:
+    """Variance (per residual degree of freedom) and pooled lag-1 correlation of residual series.
+
+    ``resid`` is (rows, points); each entry of ``series`` indexes one run's points in order.
+    """
+    resid = np.atleast_2d(resid)
+    used = np.concatenate(series)
+    n = len(used)
+    sse = np.einsum("rn,rn->r", resid[:, used], resid[:, used])
+    num = sum(np.einsum("rn,rn->r", resid[:, i[1:]], resid[:, i[:-1]]) for i in series if len(i) > 1)
+    den = sum(np.einsum("rn,rn->r", resid[:, i[:-1]], resid[:, i[:-1]]) for i in series if len(i) > 1)
+    phi = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+    return sse / max(n - n_free, 1), phi
+
+
+def _n_free(fit: SigmoidFit) -> int:
+    return 3 - (len(fit.a_grid) == 1) - (len(fit.cmid_grid) == 1)
+
+
+def noise_model(fit: SigmoidFit, eval_prompts: int | None = None, eval_samples: int = 16) -> NoiseModel:
+    """First estimate of the runs' AR(1) deviation from the fitted curve, from its residuals
+    (``forecast`` then removes the bias that fitting puts into it)."""
+    c_all, v_all = fit.inputs
+    resid = v_all - fit.predict(c_all)
+    series = _series(fit)
+    var, phi = _residual_stats(resid[None, :], series, _n_free(fit))
+    n = sum(len(i) for i in series)
+    sd_eval = eval_sd(fit.predict(fit.compute), eval_prompts, eval_samples)
+    sigma_eval = float(np.sqrt(np.mean(sd_eval**2))) if sd_eval is not None else None
+    sigma2 = float(var[0]) if sigma_eval is None else max(float(var[0]), sigma_eval**2)
+    return NoiseModel(float(np.sqrt(sigma2)), float(np.clip(phi[0], 0.0, PHI_MAX)), max(n - _n_free(fit), 1), sigma_eval, len(series))
+
+
+def _effective_dof(noise: NoiseModel) -> float:
+    """Degrees of freedom behind sigma when successive deviations are correlated (at least 3)."""
+    n = noise.dof + 3
+    return max(3.0, n * (1.0 - noise.phi) / (1.0 + noise.phi) - 3.0)
+
+
+@dataclass
+class Backtest:
+    """One rolling-origin backtest: fitted up to ``origin``, scored on the later fitted points."""
+
+    origin: float
+    target: float  # the farthest scored point (ratio <= the question's)
+    predicted: float
+    observed: float
+    sd: float  # the prefix model's prediction sd at the target
+    ratio: float = DEFAULT_RATIO  # the question's extrapolation ratio
+
+    @property
+    def error(self) -> float:
+        return self.predicted - self.observed
+
+    @property
+    def scaled_error(self) -> float:
+        """The error carried to the question's ratio: extrapolation error grows with the distance
+        in log-compute, so a backtest that could only look 1.5x ahead for a 2x question counts
+        log 2 / log 1.5 times its error."""
+        reach = np.log(self.target / self.origin)
+        return self.error * max(np.log(self.ratio) / reach, 1.0) if reach > 0 else np.inf
+
+    @property
+    def z(self) -> float:
+        return self.error / self.sd if self.sd > 0 else np.inf
+
+
+@dataclass
+class Verdict:
+    predictable: bool
+    reasons: list[str]
+    more_compute: float | None = None  # factor on the fitted compute the backtests suggest, if known
+
+    @property
+    def label(self) -> str:
+        return "predictable" if self.predictable else "not yet predictable"
+
+    def text(self) -> str:
+        if self.predictable:
+            return "predictable"
+        out = "not yet predictable: " + "; ".join(self.reasons)
+        if self.more_compute is not None:
+            out += f"; the backtests suggest about {self.more_compute:.1f}x the fitted compute before a prediction within the margin is likely"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "predictable": self.predictable,
+            "reasons": list(self.reasons),
+            "more_compute": self.more_compute,
+        }
+
+
+@dataclass
+class Forecast:
+    """A fit with its bands, backtests and verdict. Bands are ``(lo, hi)`` arrays at ``level``."""
+
+    fit: SigmoidFit
+    level: float
+    noise: NoiseModel
+    samples: np.ndarray  # (resamples, 4): A, B, C_mid, R0 from the correlated bootstrap
+    sigma_draws: np.ndarray  # (resamples,) noise level of each resample
+    ratio: float
+    margin: float
+    backtests: list[Backtest] = field(default_factory=list)
+    calibration: float = 1.0  # the prediction band's width factor from the backtests
+    verdict: Verdict | None = None
+    seed: int = 0
+
+    def _curves(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        c = np.atleast_1d(np.asarray(compute, float))
+        A, B, Cm, R0 = (self.samples[:, i : i + 1] for i in range(4))
+        return c, sigmoid(c[None, :], A, B, Cm, R0)
+
+    def _q(self) -> tuple[float, float]:
+        tail = (1.0 - self.level) / 2.0 * 100.0
+        return tail, 100.0 - tail
+
+    def interval(self, param: str) -> tuple[float, float]:
+        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], self._q())
+        return float(lo), float(hi)
+
+    def point(self, compute) -> np.ndarray:
+        return self.fit.predict(np.atleast_1d(np.asarray(compute, float)))
+
+    def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        """Where the mean curve lies (parameter uncertainty only)."""
+        c, curves = self._curves(compute)
+        lo, hi = np.percentile(curves, self._q(), axis=0)
+        return lo, hi
+
+    def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
+        """Draws of a new evaluation at each compute (the mean of ``n_runs`` runs' evaluations),
+        around the point prediction, scaled by the backtest calibration."""
+        c, curves = self._curves(compute)
+        rng = np.random.default_rng(self.seed + 1)
+        dev = rng.standard_normal(curves.shape) * self.sigma_draws[:, None] / np.sqrt(max(n_runs, 1))
+        point = self.point(c)[None, :]
+        return point + self.calibration * (curves + dev - point)
+
+    def prediction_band(self, compute, n_runs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Where a new evaluation at each compute lands (parameter uncertainty + evaluation noise +
+        run-to-run deviation), calibrated by the backtests."""
+        lo, hi = np.percentile(self.prediction_draws(compute, n_runs), self._q(), axis=0)
+        return lo, hi
+
+    def prob_at_least(self, compute: float, threshold: float, n_runs: int = 1) -> float:
+        """Probability that a new evaluation at ``compute`` reaches ``threshold``."""
+        return float(np.mean(self.prediction_draws([compute], n_runs)[:, 0] >= threshold))
+
+    @property
+    def expected_error(self) -> float | None:
+        """Expected error of the predicted mean curve at this extrapolation ratio: the backtests'
+        RMS error carried to the ratio, less the noise of the one evaluation each was scored on
+        (None without backtests)."""
+        if not self.backtests:
+            return None
+        noise2 = self.noise.sigma**2
+        err2 = [max(b.error**2 - noise2, 0.0) * (b.scaled_error / b.error) ** 2 if b.error else 0.0 for b in self.backtests]
+        return float(np.sqrt(np.mean(err2)))
+
+    def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
+        """Point prediction and both bands at each compute value (with the observation, if given)."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        p = self.point(c)
+        clo, chi = self.confidence_band(c)
+        plo, phi = self.prediction_band(c, n_runs)
+        rows = []
+        for i in range(len(c)):
+            row = {
+                "compute": float(c[i]),
+                "predicted": float(p[i]),
+                "confidence_band": [float(clo[i]), float(chi[i])],
+                "prediction_band": [float(plo[i]), float(phi[i])],
+            }
+            if observed is not None:
+                o = float(np.atleast_1d(observed)[i])
+                row.update(observed=o, error=float(p[i] - o), in_prediction_band=bool(plo[i] <= o <= phi[i]))
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "level": self.level,
+            "n_resamples": len(self.samples),
+            "noise": self.noise.to_dict(),
+            "ratio": self.ratio,
+            "calibration": self.calibration,
+            "expected_error": self.expected_error,
+            "backtests": [
+                {
+                    "origin": b.origin,
+                    "target": b.target,
+                    "predicted": b.predicted,
+                    "observed": b.observed,
+                    "error": b.error,
+                    "error_at_ratio": b.scaled_error,
+                }
+                for b in self.backtests
+            ],
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+        }
+        for p in PARAMS:
+            out[f"{p}_interval"] = list(self.interval(p))
+        f = self.fit
+        if len(f.heldout_compute):
+            out["heldout"] = self.at(f.heldout_compute, f.heldout_value)
+        return out
+
+
+def correlated_bootstrap(
+    fit: SigmoidFit, noise: NoiseModel, n_resamples: int, seed: int = 0, *, draw_sigma: bool = True
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Parameter draws (A, B, C_mid, R0) from refitting simulated data: AR(1) deviations per run
+    around the fitted curve, with the noise level drawn from its posterior (``draw_sigma``).
+
+    Also returns each resample's noise level and the residual statistics of its refit (variance
+    and lag-1 correlation, as ``noise_model`` measures them on the real data).
+    """
+    rng = np.random.default_rng(seed)
+    c_all, _ = fit.inputs
+    series = _series(fit)
+    if draw_sigma:
+        dof = _effective_dof(noise)
+        sigma = noise.sigma * np.sqrt(dof / rng.chisquare(dof, size=n_resamples))
+    else:
+        sigma = np.full(n_resamples, noise.sigma)
+    dev = np.empty((n_resamples, len(c_all)))
+    innov = np.sqrt(1.0 - noise.phi**2)
+    for idx in series:
+        z = rng.standard_normal((n_resamples, len(idx)))
+        e = np.empty_like(z)
+        e[:, 0] = z[:, 0]
+        for t in range(1, len(idx)):
+            e[:, t] = noise.phi * e[:, t - 1] + innov * z[:, t]
+        dev[:, idx] = e * sigma[:, None]
+    base = c_all == c_all.min()
+    r0_draws = fit.R0 + dev[:, base].mean(axis=1) if fit.R0 == _r0_default(fit) else np.full(n_resamples, fit.R0)
+    fitted = _fitted_mask(fit)
+    log_x = np.log(c_all[fitted])
+    y = fit.predict(c_all[fitted])[None, :] + dev[:, fitted]
+    r0 = r0_draws[:, None]
+
+    def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
+        u = lc - log_x[None, :]
+        s = expit(-b * u)
+        ds = -s * (1.0 - s)
+        r = r0[rows] + (a - r0[rows]) * s - y[rows]
+        jac = np.stack([s, (a - r0[rows]) * ds * u, (a - r0[rows]) * ds * b], axis=-1)
+        return r, jac
+
+    theta0 = np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n_resamples, 1))
+    a_fixed, c_fixed = len(fit.a_grid) == 1, len(fit.cmid_grid) == 1
+    lower = np.array([fit.A if a_fixed else 0.0, B_BOUNDS[0], np.log(fit.C_mid if c_fixed else fit.cmid_grid.min() / 10)])
+    upper = np.array([fit.A if a_fixed else 1.0, B_BOUNDS[1], np.log(fit.C_mid if c_fixed else fit.cmid_grid.max() * 10)])
+    theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
+    theta[:, 2] = np.exp(theta[:, 2])
+    curves = sigmoid(c_all[None, :], theta[:, :1], theta[:, 1:2], theta[:, 2:3], r0)
+    sim = fit.predict(c_all)[None, :] + dev
+    stats_ = _residual_stats(sim - curves, series, _n_free(fit))
+    return np.column_stack([theta, r0_draws]), sigma, stats_
+
+
+def _debiased_noise(fit: SigmoidFit, raw: NoiseModel, n_resamples: int, seed: int) -> NoiseModel:
+    """Undo what fitting does to the residuals (parametric-bootstrap bias correction).
+
+    A fitted curve follows slow drift, so the residuals' variance and lag-1 correlation
+    understate the runs' real deviation. Simulate the current estimate, refit, and measure both
+    statistics as on the real residuals; move the estimate by the shortfall and repeat
+    (``DEBIAS_ROUNDS`` times: indirect inference).
+    """
+    if raw.sigma <= 0:
+        return raw
+    sigma, phi = raw.sigma, float(np.clip(raw.phi + (1.0 + 3.0 * raw.phi) * raw.n_runs / (raw.dof + 3), 0.0, PHI_MAX))
+    for k in range(DEBIAS_ROUNDS):
+        trial = NoiseModel(sigma, phi, raw.dof, raw.sigma_eval, raw.n_runs)
+        _, _, (var_sim, phi_sim) = correlated_bootstrap(fit, trial, n_resamples, seed + 7 + k, draw_sigma=False)
+        sigma *= raw.sigma / max(float(np.sqrt(np.mean(var_sim))), 0.05 * raw.sigma)
+        phi = float(np.clip(phi + (raw.phi - float(np.mean(phi_sim))), 0.0, PHI_MAX))
+    if raw.sigma_eval is not None:
+        sigma = max(sigma, raw.sigma_eval)
+    return NoiseModel(float(sigma), phi, raw.dof, raw.sigma_eval, raw.n_runs)
+
+
+def _r0_default(fit: SigmoidFit) -> float:
+    c_all, v_all = fit.inputs
+    return float(np.mean(v_all[c_all == c_all.min()]))
+
+
+def _target_ratio(fit: SigmoidFit, target: float | None) -> float:
+    c_fit = float(fit.compute.max())
+    if target is not None:
+        return max(float(target) / c_fit, 1.0)
+    if len(fit.heldout_compute):
+        return max(float(fit.heldout_compute.max()) / c_fit, 1.0)
+    return DEFAULT_RATIO
+
+
+def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_samples, seed: int) -> list[Backtest]:
+    """Fit prefixes ending at earlier evaluations and predict the farthest fitted point within
+    ``ratio`` x the prefix's compute. A backtest must look at least sqrt(ratio) ahead (half the
+    question's distance in log-compute); the latest feasible origins, at most ``MAX_BACKTESTS``."""
+    c_all, v_all = fit.inputs
+    fitted = _fitted_mask(fit)
+    c_fit, v_fit = c_all[fitted], v_all[fitted]
+    origins = np.unique(c_fit)[MIN_POINTS - 1 :]
+    feasible = []
+    for o in origins:
+        ahead = (c_fit > o * (1 + 1e-12)) & (c_fit <= o * ratio * (1 + 1e-9))
+        if ahead.any() and c_fit[ahead].max() >= o * np.sqrt(ratio) * (1 - 1e-9):
+            feasible.append(o)
+    feasible = feasible[-MAX_BACKTESTS:]
+    out = []
+    for o in feasible:
+        ahead = (c_fit > o * (1 + 1e-12)) & (c_fit <= o * ratio * (1 + 1e-9))
+        t = float(c_fit[ahead].max())
+        observed = float(v_fit[ahead & (c_fit == t)].mean())
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prefix = fit.refit(fit_upto=o, cmid_grid=None if fit.cmid_auto else fit.cmid_grid)
+            fc = forecast(
+                prefix,
+                level=level,
+                eval_prompts=eval_prompts,
+                eval_samples=eval_samples,
+                n_resamples=BACKTEST_RESAMPLES,
+                seed=seed,
+                backtest=False,
+            )
+        except FitError:
+            continue
+        draws = fc.prediction_draws([t])[:, 0]
+        out.append(Backtest(float(o), t, float(fc.point([t])[0]), observed, float(np.std(draws)), ratio))
+    return out
+
+
+def _structure(fit: SigmoidFit, noise: NoiseModel) -> float:
+    """z-score of the mean residual over the last third of the fitted points (AR(1)-adjusted)."""
+    order = np.argsort(fit.compute, kind="stable")
+    resid = (fit.value - fit.predict(fit.compute))[order]
+    m = max(2, len(resid) // 3)
+    tail = resid[-m:]
+    per_run = m / max(noise.n_runs, 1)
+    inflate = (1 + noise.phi) / (1 - noise.phi) if per_run > 1 else 1.0
+    se = noise.sigma * np.sqrt(min(inflate, per_run) / m) if noise.sigma > 0 else np.inf
+    return float(np.mean(tail) / se) if se > 0 else 0.0
+
+
+def _verdict(fc: Forecast) -> Verdict:
+    f = fc.fit
+    reasons = []
+    c_fit = float(f.compute.max())
+    gain = f.A - f.R0
+    share = float((f.predict(c_fit) - f.R0) / gain) if gain > 0 else 0.0
+    more = []
+    if len(fc.backtests) < 2:
+        reasons.append(
+            f"too few points to backtest a {fc.ratio:.2g}x extrapolation ({len(fc.backtests)} backtest(s) from "
+            f"{f.n_points} fitted points; need 2, each looking at least {np.sqrt(fc.ratio):.2g}x ahead)"
+        )
+    if share < KNEE_SHARE:
+        reasons.append(f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point")
+        more.append(f.C_mid / c_fit)
+    if f.a_at_edge:
+        reasons.append(f"A = {f.A:.3f} on the edge of its grid [{f.a_grid.min():.3f}, {f.a_grid.max():.3f}]")
+    if f.cmid_at_edge:
+        reasons.append(f"C_mid = {f.C_mid:.4g} on the edge of its grid")
+    err = fc.expected_error
+    if err is not None and err > fc.margin:
+        reasons.append(f"backtest error {err:.3f} at {fc.ratio:.2g}x > margin {fc.margin}")
+        trend = _error_trend(fc.backtests, fc.margin, c_fit)
+        if trend is not None:
+            more.append(trend)
+    z = _structure(f, fc.noise)
+    if abs(z) > STRUCTURE_Z:
+        way = "above" if z > 0 else "below"
+        reasons.append(
+            f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the sigmoid "
+            "does not explain"
+        )
+    return Verdict(not reasons, reasons, max(more) if more and reasons else None)
+
+
+def _error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float | None:
+    """Compute, as a factor on ``c_fit``, where the backtest error trend (log |error| against log
+    origin) reaches the margin; None when the errors do not shrink with compute."""
+    if len(backtests) < 3:
+        return None
+    x = np.log([b.origin for b in backtests])
+    y = np.log(np.maximum([abs(b.scaled_error) for b in backtests], 1e-6))
+    slope, icpt = np.polyfit(x, y, 1)
+    if slope >= -0.05:
+        return None
+    c_needed = float(np.exp((np.log(margin) - icpt) / slope))  # the origin whose error the trend puts at the margin
+    return max(c_needed / c_fit, 1.0)
+
+
+def forecast(
+    fit: SigmoidFit,
+    *,
+    level: float = DEFAULT_LEVEL,
+    target: float | None = None,
+    eval_prompts: int | None = None,
+    eval_samples: int = 16,
+    margin: float = 0.02,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    backtest: bool = True,
+) -> Forecast:
+    """Bands, backtests and the predictability verdict of a fit.
+
+    level: coverage of the bands (0.9 by default). target: the compute the prediction is for
+      (default: the last held-out point, else 2x the fitted compute); it sets the extrapolation
+      ratio of the backtests. eval_prompts / eval_samples: the evaluation's size (mean@16 over
+      1,000 prompts: 1000, 16), a floor under the estimated noise. margin: the comparison margin
+      a prediction should be within (the paper's ±0.02).
+    """
+    if not 0.0 < level < 1.0:
+        raise FitError(f"level must lie in (0, 1), got {level}")
+    if n_resamples < 20:
+        raise FitError(f"n_resamples must be at least 20, got {n_resamples}")
+    if eval_prompts is not None and eval_prompts < 1:
+        raise FitError(f"eval_prompts must be a positive number of prompts, got {eval_prompts}")
+    noise = _debiased_noise(fit, noise_model(fit, eval_prompts, eval_samples), min(max(n_resamples // 4, 50), 100), seed)
+    samples, sigma_draws, _ = correlated_bootstrap(fit, noise, n_resamples, seed)
+    ratio = _target_ratio(fit, target)
+    fc = Forecast(fit, level, noise, samples, sigma_draws, ratio, margin, seed=seed)
+    if not backtest:
+        return fc
+    fc.backtests = _backtests(fit, ratio, level, eval_prompts, eval_samples, seed)
+    zs = np.array([b.z for b in fc.backtests if np.isfinite(b.z)])
+    # Only ever widen: backtests that happen to land close cannot make the model's band narrower.
+    fc.calibration = max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
+    fc.verdict = _verdict(fc)
+    return fc
+
