@@ -12,7 +12,7 @@ PORT    ?= 5000
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit bench-runner bench-memory ablation fit ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup test lint fit-demo bench-fit bench-predict bench-runner bench-memory ablation fit ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -44,8 +44,11 @@ lint: $(STAMP) ## ruff only
 fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → artifacts/fit-demo/{fit.json,fit.png}
 	$(BIN)/python -m scalefit demo --out artifacts/fit-demo
 
-bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit, and a 1,000-resample bootstrap
+bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; time and memory at 1k-200k points
 	$(BIN)/python -m tests.bench_fit
+
+bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
+	$(BIN)/python -m tests.bench_predict
 
 bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, packed vs sequential runs [RECIPE=]
 	$(BIN)/python -m tests.bench_runner $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))

@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     f.add_argument("campaign", help="campaign file or name in experiments/campaigns")
     f.add_argument("--out", help="output folder (default artifacts/campaigns/NAME/fit)")
+    f.add_argument(
+        "--curves",
+        metavar="CSV",
+        help="fit a published curves.csv (e.g. results/loo-gpu/curves.csv) instead of reading MLflow",
+    )
     f.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     r = sub.add_parser(
         "report",
@@ -49,7 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report → {path} (also logged to the run under report/)")
         return 0
 
-    from analysis.loo import write_report
+    import pandas as pd
+
+    from analysis.loo import to_markdown, write_fit, write_report
     from runners.campaign import load_campaign
     from runners.recipe import RecipeError
     from runners.tracking import default_tracking_uri
@@ -57,6 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         camp = load_campaign(args.campaign)
         out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
+        if args.curves:
+            if not Path(args.curves).is_file():
+                raise ValueError(f"{args.curves}: no such file")
+            table = write_fit(pd.read_csv(args.curves), out, camp.fit, title=camp.name)
+            print(to_markdown(table))
+            print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
+            return 0
         write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
     except (RecipeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

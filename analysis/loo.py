@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from scalefit import FitError, bootstrap, compare_fits, fit_sigmoid, seed_spread
+from scalefit import FitError, Forecast, compare_fits, fit_sigmoid, forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
 
@@ -22,7 +23,14 @@ CURVE_METRICS = (
     "compute/tokens",
     "compute/flops",
 )
-DEFAULT_FIT = {"x": "compute/gpu_hours", "exclude_below": None, "a_grid": "0.05:1.0:0.005", "margin": 0.02}
+DEFAULT_FIT = {
+    "x": "compute/samples",
+    "exclude_below": None,
+    "a_grid": "0.05:1.0:0.005",
+    "margin": 0.02,
+    "level": 0.9,
+    "eval_prompts": None,
+}
 
 
 def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
@@ -67,16 +75,49 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
 
 def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
     """The campaign's fit settings over the defaults, and its A grid (None: scalefit's default)."""
+    unknown = sorted(set(fit or {}) - set(DEFAULT_FIT))
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], DEFAULT_FIT, n=1)
+        hint = f"; did you mean 'fit.{near[0]}'?" if near else f"; known keys: {', '.join(DEFAULT_FIT)}"
+        raise ValueError(f"unknown key 'fit.{unknown[0]}' in the campaign's fit section{hint}")
     cfg = {**DEFAULT_FIT, **(fit or {})}
+    if not 0.0 < float(cfg["level"]) < 1.0:
+        raise ValueError(f"fit.level must lie in (0, 1), e.g. 0.9; got {cfg['level']}")
     a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
     return cfg, a_grid
 
 
+def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int, fit_upto=None, target=None):
+    """Fit one variant, seeds pooled (each seed its own correlated series), and forecast it."""
+    x, y = cfg["x"], "val/mean_at_16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fit carries its warnings
+        f = fit_sigmoid(
+            g[x], g[y], exclude_below=cfg["exclude_below"], fit_upto=fit_upto, a_grid=a_grid, runs=g["seed"]
+        )
+    fc = forecast(
+        f,
+        level=cfg["level"],
+        target=target,
+        eval_prompts=cfg["eval_prompts"],
+        margin=cfg["margin"],
+        n_resamples=n_boot,
+    )
+    return f, fc
+
+
 def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:
-    """Fit each variant (seeds pooled) and compare it with the baseline by the paper's rule."""
+    """Fit each variant (seeds pooled), forecast it, and compare it with the baseline by the paper's rule.
+
+    Intervals come from the correlated bootstrap (each seed's evaluations one series, seeds as
+    the unit of run-to-run variation); a variant that is not yet predictable or whose fit sits on
+    a grid edge gets "cannot decide", never a winner.
+    """
     cfg, a_grid = _fit_config(fit)
     x, y = cfg["x"], "val/mean_at_16"
-    fits, boots, rows = {}, {}, []
+    fits: dict[str, Any] = {}
+    fcs: dict[str, Forecast] = {}
+    rows = []
     for variant, g in curves.groupby("variant", sort=False):
         row: dict[str, Any] = {
             "variant": variant,
@@ -86,15 +127,12 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
         }
         try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                f = fit_sigmoid(g[x], g[y], exclude_below=cfg["exclude_below"], a_grid=a_grid)
-            b = bootstrap(f, n_resamples=n_boot, seed=0)
+            f, fc = _forecast_variant(g, cfg, a_grid, n_boot)
         except FitError as e:
             rows.append({**row, "note": f"no fit: {e}"})
             continue
-        fits[variant], boots[variant] = f, b
-        lo, hi = b.interval("A")
+        fits[variant], fcs[variant] = f, fc
+        lo, hi = fc.interval("A")
         row.update(
             A=f.A,
             A_lo=lo,
@@ -104,7 +142,10 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             R0=f.R0,
             sse=f.sse,
             a_at_edge=f.a_at_edge,
-            note="; ".join(str(w.message) for w in caught),
+            predictable=fc.verdict.predictable,
+            predictability=fc.verdict.text(),
+            expected_error=fc.expected_error,
+            note="; ".join(f.warnings),
         )
         if g["seed"].nunique() > 1:
             spread = seed_spread(
@@ -120,56 +161,67 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
                 verdicts.append("baseline" if v == "baseline" else "")
                 b_shared.append(np.nan)
                 continue
-            c = compare_fits(fits["baseline"], fits[v], margin=cfg["margin"], names=("baseline", v))
-            verdict = _short_verdict(
-                c, boots["baseline"].interval("A"), boots["baseline"].interval("B"), boots[v].interval("A")
+            c = compare_fits(
+                fits["baseline"],
+                fits[v],
+                margin=cfg["margin"],
+                names=("baseline", v),
+                forecasts=(fcs["baseline"], fcs[v]),
             )
-            edges = [n for n in ("baseline", v) if fits[n].a_at_edge]
-            if edges:
-                verdict += f"; A of {' and '.join(edges)} at the grid edge: not saturated, asymptote not identified"
-            verdicts.append(verdict)
+            verdicts.append(_short_verdict(c, fcs["baseline"], fcs[v]))
             b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
-    return table, {"fits": fits, "boots": boots}
+    table = _flag_identical_curves(curves, table, x)
+    return table, {"fits": fits, "forecasts": fcs}
 
 
-UNIDENTIFIED_WIDTH = 0.2  # an A interval wider than this says the curve did not pin down its asymptote
-
-
-def _short_verdict(
-    c,
-    baseline_a_interval: tuple[float, float],
-    baseline_b_interval: tuple[float, float],
-    candidate_a_interval: tuple[float, float] = (np.nan, np.nan),
-) -> str:
-    """The paper's verdict, plus whether the difference is inside the bootstrap noise of the two fits."""
-    c_lo, c_hi = candidate_a_interval
-    if c_hi - c_lo > UNIDENTIFIED_WIDTH:
-        return (
-            f"asymptote not identified (A's 95% interval [{c_lo:.3f}, {c_hi:.3f}]): the curve is far from "
-            "saturating within this budget"
+def _flag_identical_curves(curves: pd.DataFrame, table: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Say when a variant's mean@16 curve equals the baseline's at every step: the axis did not act
+    (any difference in the fit then comes from the compute axis alone)."""
+    if "baseline" not in set(curves["variant"]):
+        return table
+    key = ["seed", "step"]
+    base = curves[curves["variant"] == "baseline"].set_index(key)["val/mean_at_16"]
+    same = []
+    for v in table["variant"]:
+        g = curves[curves["variant"] == v].set_index(key)["val/mean_at_16"]
+        common = base.index.intersection(g.index)
+        same.append(v != "baseline" and len(common) == len(g) > 0 and bool(np.allclose(base[common], g[common])))
+    table["identical_to_baseline"] = same
+    if "verdict" in table:
+        table.loc[table["identical_to_baseline"], "verdict"] = (
+            "identical mean@16 to the baseline at every step: the axis did not act here (any difference in the "
+            f"fit comes from {x} alone)"
         )
-    if c.winner == "tie":
+    return table
+
+
+def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
+    """The paper's verdict with its significance under the calibrated uncertainty of both fits."""
+    if c.rule == "undecided":
+        return c.verdict
+    level = f"{base.level:.0%}"
+    if c.winner == "tie" and c.rule == "B":
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
-    lo, hi = baseline_b_interval
+    lo, hi = base.interval("B")
     if c.rule == "B" and lo <= c.B_candidate <= hi:
         return (
             f"no measurable difference: same A within margin, B {c.B_candidate:.2f} vs {c.B_baseline:.2f} "
-            f"is inside the baseline's 95% interval [{lo:.2f}, {hi:.2f}]"
+            f"is inside the baseline's {level} interval [{lo:.2f}, {hi:.2f}]"
         )
-    better = c.winner == c.candidate
     if c.rule == "A":
-        text = f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f})"
-        a_lo, a_hi = baseline_a_interval
-        if a_lo <= c.A_candidate <= a_hi:
-            text += f", but inside the baseline's 95% interval [{a_lo:.3f}, {a_hi:.3f}]: not significant"
-        elif c_lo <= a_hi and a_lo <= c_hi:
-            text += (
-                f", but the 95% intervals overlap ([{c_lo:.3f}, {c_hi:.3f}] vs [{a_lo:.3f}, {a_hi:.3f}]): "
-                "not significant"
-            )
+        better = c.A_candidate > c.A_baseline
+        text = f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f}"
+        if c.delta_A_interval is not None:
+            d_lo, d_hi = c.delta_A_interval
+            text += f", {level} interval [{d_lo:+.3f}, {d_hi:+.3f}])"
+            if d_lo <= 0.0 <= d_hi:
+                text += ": not significant"
+        else:
+            text += ")"
         return text
+    better = c.winner == c.candidate
     return (
         f"same A within margin; {'more' if better else 'less'} compute-efficient "
         f"(B {c.B_candidate:.2f} vs {c.B_baseline:.2f} at A={c.shared_A:.3f})"
@@ -180,7 +232,10 @@ def to_markdown(table: pd.DataFrame) -> str:
     def fmt(v: Any, spec: str) -> str:
         return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
-    lines = ["| variant | A [95% CI] | B | C_mid | final mean@16 | verdict vs baseline |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| variant | A [interval] | B | C_mid | final mean@16 | predictable? | verdict vs baseline |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for _, r in table.iterrows():
         a = (
             f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
@@ -189,18 +244,24 @@ def to_markdown(table: pd.DataFrame) -> str:
         )
         if r.get("a_at_edge") is True:
             a += " (grid edge)"
+        pred = r.get("predictability", "")
+        pred = "" if not isinstance(pred, str) else pred
         lines.append(
             f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
-            f"{fmt(r['final_mean_at_16'], '.3f')} | {r.get('verdict', '')} |"
+            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {r.get('verdict', '')} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def extrapolation_check(curves: pd.DataFrame, fit: dict[str, Any] | None = None, frac: float = 0.5) -> pd.DataFrame:
+def extrapolation_check(
+    curves: pd.DataFrame, fit: dict[str, Any] | None = None, frac: float = 0.5, n_boot: int = 400
+) -> pd.DataFrame:
     """Fit each variant on its first ``frac`` of compute and predict its final value (seeds pooled).
 
     The observed final value is the mean over seeds of each seed's last evaluation; the error is
-    predicted - observed. This is the paper's claim put to the test: a curve fitted early predicts late.
+    predicted - observed; the prediction band is for that mean of the seeds' evaluations, at the
+    campaign's level, with the forecast's verdict and expected error. This is the paper's claim
+    put to the test: a curve fitted early predicts late.
     """
     cfg, a_grid = _fit_config(fit)
     x, y = cfg["x"], "val/mean_at_16"
@@ -212,11 +273,22 @@ def extrapolation_check(curves: pd.DataFrame, fit: dict[str, Any] | None = None,
         row = {"variant": variant, "fit_upto": frac * float(g[x].max()), "x_final": x_end, "observed": observed}
         row["observed_last3"] = float(by_seed.tail(3)[y].mean())  # less sensitive to one noisy evaluation
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                f = fit_sigmoid(g[x], g[y], exclude_below=cfg["exclude_below"], fit_upto=row["fit_upto"], a_grid=a_grid)
+            f, fc = _forecast_variant(g, cfg, a_grid, n_boot, fit_upto=row["fit_upto"], target=x_end)
             pred = float(f.predict(np.array([x_end]))[0])
-            row.update(A_half=f.A, predicted=pred, error=pred - observed, error_last3=pred - row["observed_last3"])
+            lo, hi = (float(b[0]) for b in fc.prediction_band([x_end], n_runs=len(last)))
+            row.update(
+                A_half=f.A,
+                predicted=pred,
+                error=pred - observed,
+                error_last3=pred - row["observed_last3"],
+                band_lo=lo,
+                band_hi=hi,
+                in_band=lo <= observed <= hi,
+                level=cfg["level"],
+                verdict=fc.verdict.label,
+                reasons="; ".join(fc.verdict.reasons),
+                expected_error=fc.expected_error,
+            )
         except FitError as e:
             row["note"] = f"no fit: {e}"
         rows.append(row)
@@ -237,6 +309,26 @@ def runs_markdown(curves: pd.DataFrame, client: MlflowClient) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None, title: str = "") -> pd.DataFrame:
+    """From curves (as ``load_curves`` or a published ``curves.csv`` holds them): the LOO table
+    (CSV + Markdown), the plot with both bands, and the extrapolation check, under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    table, extra = fit_table(curves, fit)
+    table.to_csv(out / "loo_table.csv", index=False)
+    (out / "loo_table.md").write_text(to_markdown(table))
+    x = _fit_config(fit)[0]["x"]
+    if extra["fits"]:
+        plot_fits(
+            extra["fits"],
+            out / "loo_curves.png",
+            forecasts=extra["forecasts"],
+            xlabel=x,
+            title=f"{title}: mean@16 vs compute, sigmoid fits" if title else None,
+        )
+    extrapolation_check(curves, fit).to_csv(out / "extrapolation.csv", index=False)
+    return table
+
+
 def write_report(
     campaign: str,
     out: Path,
@@ -245,28 +337,15 @@ def write_report(
     parent_run_id: str | None = None,
     log=print,
 ) -> pd.DataFrame:
-    """Curves CSV, LOO table (CSV + Markdown) and a plot; logged to the campaign's parent run."""
+    """Curves CSV, LOO table (CSV + Markdown), plot, extrapolation check and runs list from MLflow;
+    logged to the campaign's parent run."""
     out.mkdir(parents=True, exist_ok=True)
     curves = load_curves(campaign, tracking_uri)
     curves.to_csv(out / "curves.csv", index=False)
-    table, extra = fit_table(curves, fit)
-    table.to_csv(out / "loo_table.csv", index=False)
-    md = to_markdown(table)
-    (out / "loo_table.md").write_text(md)
-    x = _fit_config(fit)[0]["x"]
-    if extra["fits"]:
-        plot_fits(
-            extra["fits"],
-            out / "loo_curves.png",
-            boots=extra["boots"],
-            xlabel=x,
-            title=f"{campaign}: mean@16 vs compute, sigmoid fits",
-        )
-    extra_table = extrapolation_check(curves, fit)
-    extra_table.to_csv(out / "extrapolation.csv", index=False)
-    (out / "runs.md").write_text(runs_markdown(curves, MlflowClient(tracking_uri)))
-    log(md)
+    table = write_fit(curves, out, fit, title=campaign)
     client = MlflowClient(tracking_uri)
+    (out / "runs.md").write_text(runs_markdown(curves, client))
+    log(to_markdown(table))
     if parent_run_id is None:
         exp = client.get_experiment_by_name(campaign)
         found = client.search_runs([exp.experiment_id], filter_string="tags.`prl.kind` = 'campaign'", max_results=1)

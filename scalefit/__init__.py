@@ -4,6 +4,7 @@ from scalefit.compare import Comparison, compare_fits
 from scalefit.curve import power_law, sigmoid
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, fit_sigmoid
+from scalefit.forecast import Forecast, Verdict, forecast
 from scalefit.powerlaw import PowerLawFit, fit_power_law
 from scalefit.uncertainty import Bootstrap, SeedSpread, bootstrap, seed_spread
 
@@ -11,6 +12,8 @@ __all__ = [
     "Bootstrap",
     "Comparison",
     "FitError",
+    "Forecast",
+    "Verdict",
     "PowerLawFit",
     "SeedSpread",
     "SigmoidFit",
@@ -18,6 +21,7 @@ __all__ = [
     "compare_fits",
     "fit_power_law",
     "fit_sigmoid",
+    "forecast",
     "power_law",
     "seed_spread",
     "sigmoid",

@@ -15,13 +15,17 @@ import pandas as pd
 from scalefit.compare import compare_fits
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, fit_sigmoid
+from scalefit.forecast import Forecast, forecast
 from scalefit.grids import parse_grid
 from scalefit.powerlaw import fit_power_law
-from scalefit.uncertainty import Bootstrap, bootstrap
+
+Curves = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
 
-def read_curves(path: str, x: str, y: str, run_col: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Read a CSV into {run: (compute, value)}; one curve when there is no run column."""
+def read_curves(path: str, x: str, y: str, run_col: str, seed_col: str | None = None) -> Curves:
+    """Read a CSV into {run: (compute, value, seed of each row or None)}; one curve when there is
+    no run column. With ``seed_col``, the rows of one run come from several seeds (runs of the
+    same recipe), which the uncertainty treats as separate correlated series."""
     p = Path(path)
     if not p.is_file():
         raise FitError(f"{path}: no such file")
@@ -29,7 +33,7 @@ def read_curves(path: str, x: str, y: str, run_col: str) -> dict[str, tuple[np.n
         df = pd.read_csv(p)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise FitError(f"{path}: not a readable CSV ({e})") from None
-    missing = [c for c in (x, y) if c not in df.columns]
+    missing = [c for c in (x, y, *([seed_col] if seed_col else [])) if c not in df.columns]
     if missing:
         raise FitError(f"{path}: no column {', '.join(map(repr, missing))}; columns are {', '.join(df.columns)}")
     for col in (x, y):
@@ -41,7 +45,10 @@ def read_curves(path: str, x: str, y: str, run_col: str) -> dict[str, tuple[np.n
             )
         df[col] = num
     groups = {str(k): g for k, g in df.groupby(run_col, sort=False)} if run_col in df.columns else {p.stem: df}
-    return {k: (g[x].to_numpy(float), g[y].to_numpy(float)) for k, g in groups.items()}
+    return {
+        k: (g[x].to_numpy(float), g[y].to_numpy(float), g[seed_col].to_numpy() if seed_col else None)
+        for k, g in groups.items()
+    }
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,12 +59,12 @@ def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
 
 
-def _summary(name: str, f: SigmoidFit, boot: Bootstrap | None, extra: dict[str, Any]) -> str:
+def _summary(name: str, f: SigmoidFit, fc: Forecast | None, extra: dict[str, Any]) -> str:
     def iv(p: str) -> str:
-        if boot is None:
+        if fc is None:
             return ""
-        lo, hi = boot.interval(p)
-        return f"  [{lo:.4g}, {hi:.4g}] ({boot.level:.0%} bootstrap)"
+        lo, hi = fc.interval(p)
+        return f"  [{lo:.4g}, {hi:.4g}] ({fc.level:.0%} interval, correlated bootstrap)"
 
     lines = [
         f"{name}: {f.n_points} points fitted, compute {f.compute.min():.4g}..{f.compute.max():.4g}, R0 = {f.R0:.3f}",
@@ -69,6 +76,19 @@ def _summary(name: str, f: SigmoidFit, boot: Bootstrap | None, extra: dict[str, 
     if "power_law" in extra:
         pl = extra["power_law"]
         lines.append(f"  power law A - D/C^B on the same points: A {pl['A']:.3f}, B {pl['B']:.3f}, SSE {pl['sse']:.4g}")
+    if fc is not None:
+        n = fc.noise
+        lines.append(
+            f"  noise  one evaluation deviates {n.sigma:.4f} (sd) from the mean curve, lag-1 correlation {n.phi:.2f}"
+            + (f", evaluation's own sd {n.sigma_eval:.4f}" if n.sigma_eval is not None else "")
+        )
+        err = fc.expected_error
+        lines.append(
+            f"  backtests {len(fc.backtests)} at {fc.ratio:.2g}x: expected extrapolation error "
+            + (f"{err:.4f}" if err is not None else "unknown")
+            + f", prediction band widened x{fc.calibration:.2f}"
+        )
+        lines.append(f"  verdict {fc.verdict.text()}")
     ex = f.extrapolation()
     if ex:
         lines.append(
@@ -76,43 +96,69 @@ def _summary(name: str, f: SigmoidFit, boot: Bootstrap | None, extra: dict[str, 
             f"at {ex['final_compute']:.4g} predicted {ex['final_predicted']:.3f} vs observed "
             f"{ex['final_observed']:.3f} (error {ex['final_error']:+.4f})"
         )
-        if "final_interval" in extra:
-            lo, hi = extra["final_interval"]
-            lines[-1] += f", interval [{lo:.3f}, {hi:.3f}]"
+        if fc is not None:
+            rows = fc.at(f.heldout_compute, f.heldout_value)
+            last = max(rows, key=lambda r: r["compute"])
+            lo, hi = last["prediction_band"]
+            inside = sum(r["in_prediction_band"] for r in rows)
+            lines[-1] += (
+                f", {fc.level:.0%} prediction band [{lo:.3f}, {hi:.3f}]; "
+                f"{inside}/{len(rows)} held-out points inside their band"
+            )
     lines += [f"  warning: {w}" for w in f.warnings]
     return "\n".join(lines)
 
 
+def _fit_one(name: str, c, v, seeds, kwargs: dict[str, Any]) -> SigmoidFit:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fit carries its warnings; they are printed with it
+            return fit_sigmoid(c, v, runs=seeds, **kwargs)
+    except FitError as e:
+        raise FitError(f"{name}: {e}") from None
+
+
+def _forecast(f: SigmoidFit, args: argparse.Namespace) -> Forecast | None:
+    if args.bootstrap == 0:
+        return None
+    return forecast(
+        f,
+        level=args.level,
+        target=args.target,
+        eval_prompts=args.eval_prompts,
+        eval_samples=args.eval_samples,
+        margin=args.margin,
+        n_resamples=args.bootstrap,
+        seed=args.seed,
+    )
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
-    curves = read_curves(args.csv, args.x, args.y, args.run_col)
+    curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
     kwargs = _fit_kwargs(args)
-    fits, boots, results, texts = {}, {}, {}, []
-    for name, (c, v) in curves.items():
+    fits, fcs, results, texts = {}, {}, {}, []
+    for name, (c, v, seeds) in curves.items():
         print(f"fitting {name} ({len(c)} points)...", file=sys.stderr)
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                f = fit_sigmoid(c, v, **kwargs)
-        except FitError as e:
-            raise FitError(f"{name}: {e}") from None
+        f = _fit_one(name, c, v, seeds, kwargs)
         out = f.to_dict()
         extra: dict[str, Any] = {}
-        boot = None
-        if args.bootstrap > 0:
-            boot = bootstrap(f, n_resamples=args.bootstrap, seed=args.seed)
-            out["bootstrap"] = boot.to_dict()
+        fc = _forecast(f, args)
+        if fc is not None:
+            out["forecast"] = fc.to_dict()
+            out["verdict"] = fc.verdict.to_dict()
+            if args.target is not None:
+                out["forecast"]["target"] = fc.at([args.target])[0]
             if f.extrapolation():
-                lo, hi = boot.predict_interval([f.extrapolation()["final_compute"]])
-                extra["final_interval"] = (float(lo[0]), float(hi[0]))
-                out["extrapolation"]["final_interval"] = list(extra["final_interval"])
+                final = fc.at([f.extrapolation()["final_compute"]])[0]
+                out["extrapolation"]["final_interval"] = final["prediction_band"]
         if args.power_law:
             extra["power_law"] = out["power_law"] = fit_power_law(
                 c, v, exclude_below=args.exclude_below, fit_upto=args.fit_upto
             ).to_dict()
         fits[name], results[name] = f, out
-        if boot is not None:
-            boots[name] = boot
-        texts.append(_summary(name, f, boot, extra))
+        if fc is not None:
+            fcs[name] = fc
+        texts.append(_summary(name, f, fc, extra))
     summary_stream = sys.stderr if args.json == "-" else sys.stdout
     print("\n".join(texts), file=summary_stream)
     payload = next(iter(results.values())) if len(results) == 1 else {"runs": results}
@@ -120,27 +166,30 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.plot:
         from scalefit.plot import plot_fits
 
-        path = plot_fits(fits, args.plot, boots=boots, xlabel=args.x, ylabel=args.y)
+        path = plot_fits(fits, args.plot, forecasts=fcs, xlabel=args.x, ylabel=args.y)
         print(f"plot written to {path}", file=summary_stream)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    curves = read_curves(args.csv, args.x, args.y, args.run_col)
+    curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
+    if len(curves) < 2:
+        raise FitError(
+            f"{args.csv} holds one curve ({next(iter(curves))!r}); comparison needs a {args.run_col!r} column "
+            "with several runs"
+        )
     if args.baseline not in curves:
         raise FitError(f"--baseline {args.baseline!r} is not a run in {args.csv}; runs are {', '.join(curves)}")
-    if len(curves) < 2:
-        raise FitError(f"{args.csv} holds one curve; comparison needs a {args.run_col!r} column with several runs")
     kwargs = _fit_kwargs(args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fits = {name: fit_sigmoid(c, v, **kwargs) for name, (c, v) in curves.items()}
+    fits = {name: _fit_one(name, c, v, seeds, kwargs) for name, (c, v, seeds) in curves.items()}
+    fcs = {name: _forecast(f, args) for name, f in fits.items()}
     base = fits[args.baseline]
     results = {}
     for name, f in fits.items():
         if name == args.baseline:
             continue
-        cmp = compare_fits(base, f, margin=args.margin, names=(args.baseline, name))
+        pair = (fcs[args.baseline], fcs[name]) if fcs[name] is not None else None
+        cmp = compare_fits(base, f, margin=args.margin, names=(args.baseline, name), forecasts=pair)
         results[name] = cmp.to_dict()
         print(f"{name}: {cmp.verdict}", file=sys.stderr if args.json == "-" else sys.stdout)
     _write_json({"baseline": args.baseline, "comparisons": results}, args.json)
@@ -171,6 +220,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "8000",
         "--cmid-grid",
         "paper",
+        "--eval-prompts",
+        "1000",
         "--power-law",
         "--json",
         str(out / "fit.json"),
@@ -209,33 +260,70 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
         help="C_mid grid: 'paper' = 100 values in [100, 40000] (GPU-hours); "
         "'auto' (default) = 100 values in [C_max/100, 4 C_max]; or LO:HI:N linear",
     )
+    p.add_argument("--seed-col", help="column naming the seed of each row, when one run's rows come from several seeds")
     p.add_argument("--json", metavar="PATH|-", help="write results as JSON (- = stdout, summary goes to stderr)")
+    p.add_argument(
+        "--bootstrap",
+        type=_resamples,
+        default=1000,
+        metavar="N",
+        help="resamples of the correlated bootstrap behind every interval and band (0 = no intervals; default 1000)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
+    p.add_argument("--level", type=_level, default=0.9, help="coverage of intervals and bands (default 0.9)")
+    p.add_argument(
+        "--target",
+        type=float,
+        metavar="C",
+        help="compute to predict (default: the last held-out point, else 2x the fitted compute); "
+        "sets the extrapolation ratio of the backtests",
+    )
+    p.add_argument(
+        "--eval-prompts",
+        type=int,
+        metavar="N",
+        help="prompts behind each evaluation (mean@16 over N prompts): its binomial noise floors the noise estimate",
+    )
+    p.add_argument("--eval-samples", type=int, default=16, metavar="K", help="samples per prompt (default 16)")
+    p.add_argument("--margin", type=float, default=0.02, help="the A margin a prediction must be within (paper: ±0.02)")
+
+
+def _resamples(text: str) -> int:
+    n = int(text)
+    if n != 0 and n < 20:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or at least 20 resamples, got {text}")
+    return n
+
+
+def _level(text: str) -> float:
+    x = float(text)
+    if not 0.0 < x < 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1), e.g. 0.9; got {text}")
+    return x
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m scalefit",
         description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to compute→pass-rate curves "
-        "with the ScaleRL paper's procedure (grid over A and C_mid, least squares for B).",
+        "with the ScaleRL paper's procedure (grid over A and C_mid, least squares for B, then a continuous "
+        "polish), with a confidence band (the mean curve), a prediction band calibrated by backtests "
+        "(where an evaluation lands) and a predictable / not yet predictable verdict.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fit", help="fit each curve of a CSV", description="Fit each curve of a CSV.")
     _add_fit_options(p)
-    p.add_argument(
-        "--bootstrap", type=int, default=1000, metavar="N", help="bootstrap resamples for intervals (0 = off)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     p.add_argument("--power-law", action="store_true", help="also fit the power law A - D/C^B (App. A.7)")
-    p.add_argument("--plot", metavar="PATH.png", help="draw data, fits, extrapolation and bootstrap band")
+    p.add_argument("--plot", metavar="PATH.png", help="draw data, fits, extrapolation, confidence and prediction bands")
     p.set_defaults(func=cmd_fit)
     p = sub.add_parser(
         "compare",
         help="compare runs against a baseline with the paper's rule",
-        description="Higher A wins unless |ΔA| <= margin; then refit at the shared A and compare B.",
+        description="Higher A wins unless |ΔA| <= margin; then refit at the shared A and compare B. "
+        "A fit on a grid edge or not yet predictable gives 'cannot decide', never a winner.",
     )
     _add_fit_options(p)
     p.add_argument("--baseline", required=True, help="value of the run column that is the baseline")
-    p.add_argument("--margin", type=float, default=0.02, help="A margin (paper: ±0.02)")
     p.set_defaults(func=cmd_compare)
     p = sub.add_parser("demo", help="fit the bundled example curves", description=cmd_demo.__doc__)
     p.add_argument("--out", default="artifacts/fit-demo", help="output folder")

@@ -1,8 +1,11 @@
-"""Compare two recipes with the paper's rule (§2.1).
+"""Compare two recipes with the paper's rule (§2.1), and refuse to when a fit cannot say.
 
 If the asymptotes lie within the margin (default ±0.02, the run-to-run spread of A),
 both curves are refitted with their mean A and compared on B (compute efficiency);
-otherwise the higher A wins.
+otherwise the higher A wins. A fit whose A or C_mid sits on its grid's edge has no
+identified optimum, and a fit whose forecast is "not yet predictable" cannot be trusted
+beyond its data: either gives the verdict ``undecided`` with the reason, never a winner.
+With forecasts, the difference in A must also clear the bootstrap noise of both fits.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from scalefit.fit import SigmoidFit
+from scalefit.forecast import Forecast
 
 
 @dataclass
@@ -20,15 +24,27 @@ class Comparison:
     candidate: str
     A_baseline: float
     A_candidate: float
-    rule: str  # "A" (asymptotes differ) or "B" (same asymptote, compare efficiency)
-    winner: str  # baseline, candidate or tie
+    rule: str  # "A" (asymptotes differ), "B" (same asymptote, compare efficiency) or "undecided"
+    winner: str  # baseline, candidate, tie or undecided
     B_baseline: float
     B_candidate: float
     shared_A: float | None
     verdict: str
+    delta_A_interval: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _unfit_reasons(name: str, f: SigmoidFit, fc: Forecast | None) -> list[str]:
+    out = []
+    if f.a_at_edge:
+        out.append(f"{name}'s A = {f.A:.3f} is on the edge of its grid (asymptote not identified; widen --a-grid)")
+    if f.cmid_at_edge:
+        out.append(f"{name}'s C_mid = {f.C_mid:.4g} is on the edge of its grid (widen --cmid-grid)")
+    if fc is not None and fc.verdict is not None and not fc.verdict.predictable:
+        out.append(f"{name} is not yet predictable ({'; '.join(fc.verdict.reasons)})")
+    return out
 
 
 def compare_fits(
@@ -38,17 +54,33 @@ def compare_fits(
     margin: float = 0.02,
     names: tuple[str, str] = ("baseline", "candidate"),
     b_tolerance: float = 1e-3,
+    forecasts: tuple[Forecast, Forecast] | None = None,
 ) -> Comparison:
-    """Apply the paper's comparison rule and return the verdict with its numbers."""
+    """Apply the paper's rule and return the verdict with its numbers (``undecided`` with the
+    reason when either fit cannot support one)."""
     nb, nc = names
     a1, a2 = baseline.A, candidate.A
+    fb, fcand = forecasts if forecasts is not None else (None, None)
+    why = _unfit_reasons(nb, baseline, fb) + _unfit_reasons(nc, candidate, fcand)
+    if why:
+        verdict = "cannot decide: " + "; ".join(why)
+        return Comparison(nb, nc, a1, a2, "undecided", "undecided", baseline.B, candidate.B, None, verdict)
+    delta = None
+    if fb is not None and fcand is not None:
+        k = min(len(fb.samples), len(fcand.samples))
+        d = fcand.samples[:k, 0] - fb.samples[:k, 0]
+        tail = (1.0 - fb.level) / 2.0 * 100.0
+        delta = (float(np.percentile(d, tail)), float(np.percentile(d, 100.0 - tail)))
     if abs(a1 - a2) > margin:
         winner = nb if a1 > a2 else nc
         verdict = (
             f"{winner} has the higher asymptote: A {a1:.3f} ({nb}) vs {a2:.3f} ({nc}), "
             f"|ΔA| = {abs(a1 - a2):.3f} > {margin}"
         )
-        return Comparison(nb, nc, a1, a2, "A", winner, baseline.B, candidate.B, None, verdict)
+        if delta is not None and delta[0] <= 0.0 <= delta[1]:
+            verdict += f", but ΔA's {fb.level:.0%} interval [{delta[0]:+.3f}, {delta[1]:+.3f}] holds 0: not significant"
+            winner = "tie"
+        return Comparison(nb, nc, a1, a2, "A", winner, baseline.B, candidate.B, None, verdict, delta)
     shared = float(np.mean([a1, a2]))
     f1, f2 = baseline.refit(a_grid=[shared]), candidate.refit(a_grid=[shared])
     if abs(f1.B - f2.B) <= b_tolerance:
@@ -60,4 +92,4 @@ def compare_fits(
         f"same asymptote within ±{margin} (A {a1:.3f} vs {a2:.3f}); refitted at shared A = {shared:.4f}: "
         f"B {f1.B:.2f} ({nb}) vs {f2.B:.2f} ({nc}) → {how}"
     )
-    return Comparison(nb, nc, a1, a2, "B", winner, f1.B, f2.B, shared, verdict)
+    return Comparison(nb, nc, a1, a2, "B", winner, f1.B, f2.B, shared, verdict, delta)

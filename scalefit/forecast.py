@@ -34,7 +34,7 @@ from scipy.special import expit
 
 from scalefit.curve import sigmoid
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, MIN_POINTS, SigmoidFit, fit_sigmoid
+from scalefit.fit import B_BOUNDS, MIN_POINTS, SigmoidFit
 from scalefit.lm import batched_lm
 
 PARAMS = ("A", "B", "C_mid")
@@ -47,6 +47,7 @@ MAX_BACKTESTS = 6
 BACKTEST_RESAMPLES = 150
 STRUCTURE_Z = 3.0
 DEBIAS_ROUNDS = 3
+PREDICTION_DRAWS = 4000
 
 
 @dataclass
@@ -130,7 +131,9 @@ def noise_model(fit: SigmoidFit, eval_prompts: int | None = None, eval_samples: 
     sd_eval = eval_sd(fit.predict(fit.compute), eval_prompts, eval_samples)
     sigma_eval = float(np.sqrt(np.mean(sd_eval**2))) if sd_eval is not None else None
     sigma2 = float(var[0]) if sigma_eval is None else max(float(var[0]), sigma_eval**2)
-    return NoiseModel(float(np.sqrt(sigma2)), float(np.clip(phi[0], 0.0, PHI_MAX)), max(n - _n_free(fit), 1), sigma_eval, len(series))
+    return NoiseModel(
+        float(np.sqrt(sigma2)), float(np.clip(phi[0], 0.0, PHI_MAX)), max(n - _n_free(fit), 1), sigma_eval, len(series)
+    )
 
 
 def _effective_dof(noise: NoiseModel) -> float:
@@ -182,7 +185,10 @@ class Verdict:
             return "predictable"
         out = "not yet predictable: " + "; ".join(self.reasons)
         if self.more_compute is not None:
-            out += f"; the backtests suggest about {self.more_compute:.1f}x the fitted compute before a prediction within the margin is likely"
+            out += (
+                f"; about {self.more_compute:.1f}x the fitted compute is likely needed before a prediction "
+                "within the margin"
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -234,10 +240,15 @@ class Forecast:
 
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
         """Draws of a new evaluation at each compute (the mean of ``n_runs`` runs' evaluations),
-        around the point prediction, scaled by the backtest calibration."""
+        around the point prediction, scaled by the backtest calibration. Each parameter draw gets
+        several deviation draws (at least ``PREDICTION_DRAWS`` in all), so few resamples still give
+        a smooth band."""
         c, curves = self._curves(compute)
+        reps = max(1, -(-PREDICTION_DRAWS // len(curves)))
+        curves = np.repeat(curves, reps, axis=0)
+        sigma = np.repeat(self.sigma_draws, reps)
         rng = np.random.default_rng(self.seed + 1)
-        dev = rng.standard_normal(curves.shape) * self.sigma_draws[:, None] / np.sqrt(max(n_runs, 1))
+        dev = rng.standard_normal(curves.shape) * sigma[:, None] / np.sqrt(max(n_runs, 1))
         point = self.point(c)[None, :]
         return point + self.calibration * (curves + dev - point)
 
@@ -259,7 +270,9 @@ class Forecast:
         if not self.backtests:
             return None
         noise2 = self.noise.sigma**2
-        err2 = [max(b.error**2 - noise2, 0.0) * (b.scaled_error / b.error) ** 2 if b.error else 0.0 for b in self.backtests]
+        err2 = [
+            max(b.error**2 - noise2, 0.0) * (b.scaled_error / b.error) ** 2 if b.error else 0.0 for b in self.backtests
+        ]
         return float(np.sqrt(np.mean(err2)))
 
     def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
@@ -338,7 +351,7 @@ def correlated_bootstrap(
             e[:, t] = noise.phi * e[:, t - 1] + innov * z[:, t]
         dev[:, idx] = e * sigma[:, None]
     base = c_all == c_all.min()
-    r0_draws = fit.R0 + dev[:, base].mean(axis=1) if fit.R0 == _r0_default(fit) else np.full(n_resamples, fit.R0)
+    r0_draws = fit.R0 + dev[:, base].mean(axis=1) if _r0_default(fit) == fit.R0 else np.full(n_resamples, fit.R0)
     fitted = _fitted_mask(fit)
     log_x = np.log(c_all[fitted])
     y = fit.predict(c_all[fitted])[None, :] + dev[:, fitted]
@@ -355,8 +368,12 @@ def correlated_bootstrap(
 
     theta0 = np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n_resamples, 1))
     a_fixed, c_fixed = len(fit.a_grid) == 1, len(fit.cmid_grid) == 1
-    lower = np.array([fit.A if a_fixed else 0.0, B_BOUNDS[0], np.log(fit.C_mid if c_fixed else fit.cmid_grid.min() / 10)])
-    upper = np.array([fit.A if a_fixed else 1.0, B_BOUNDS[1], np.log(fit.C_mid if c_fixed else fit.cmid_grid.max() * 10)])
+    lower = np.array(
+        [fit.A if a_fixed else 0.0, B_BOUNDS[0], np.log(fit.C_mid if c_fixed else fit.cmid_grid.min() / 10)]
+    )
+    upper = np.array(
+        [fit.A if a_fixed else 1.0, B_BOUNDS[1], np.log(fit.C_mid if c_fixed else fit.cmid_grid.max() * 10)]
+    )
     theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
     theta[:, 2] = np.exp(theta[:, 2])
     curves = sigmoid(c_all[None, :], theta[:, :1], theta[:, 1:2], theta[:, 2:3], r0)
@@ -526,7 +543,9 @@ def forecast(
         raise FitError(f"n_resamples must be at least 20, got {n_resamples}")
     if eval_prompts is not None and eval_prompts < 1:
         raise FitError(f"eval_prompts must be a positive number of prompts, got {eval_prompts}")
-    noise = _debiased_noise(fit, noise_model(fit, eval_prompts, eval_samples), min(max(n_resamples // 4, 50), 100), seed)
+    noise = _debiased_noise(
+        fit, noise_model(fit, eval_prompts, eval_samples), min(max(n_resamples // 4, 50), 100), seed
+    )
     samples, sigma_draws, _ = correlated_bootstrap(fit, noise, n_resamples, seed)
     ratio = _target_ratio(fit, target)
     fc = Forecast(fit, level, noise, samples, sigma_draws, ratio, margin, seed=seed)
@@ -538,4 +557,3 @@ def forecast(
     fc.calibration = max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
     fc.verdict = _verdict(fc)
     return fc
-

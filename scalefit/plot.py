@@ -1,4 +1,5 @@
-"""Plot data, fitted curve, extrapolation and bootstrap band."""
+"""Plot data, fitted curves, extrapolation, and the two bands: confidence (the mean curve) and
+prediction (where an evaluation lands)."""
 
 from __future__ import annotations
 
@@ -12,46 +13,66 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from scalefit.fit import SigmoidFit  # noqa: E402
-from scalefit.uncertainty import Bootstrap  # noqa: E402
+from scalefit.forecast import Forecast  # noqa: E402
 
 
 def plot_fits(
     fits: Mapping[str, SigmoidFit],
     path: str | Path,
     *,
-    boots: Mapping[str, Bootstrap] | None = None,
+    forecasts: Mapping[str, Forecast] | None = None,
     xlabel: str = "compute",
     ylabel: str = "mean@16",
     title: str | None = None,
+    log_x: bool = True,
 ) -> Path:
-    """One figure with each curve's points, its fit (solid up to fit_upto, dashed beyond) and band."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    """One figure with each curve's points, its fit (solid up to fit_upto, dashed beyond), its
+    confidence band (dark) and prediction band (light); held-out points as open circles.
+
+    A fit whose forecast is not yet predictable is drawn as points with a dotted curve and the
+    verdict in its label. Compute is on a log scale, as in the paper.
+    """
+    fig, ax = plt.subplots(figsize=(8, 5))
     for i, (name, f) in enumerate(fits.items()):
         color = f"C{i % 10}"
         c_all, v_all = f.inputs
-        c_hi = max(c_all.max(), f.C_mid) * 1.5
-        grid = np.linspace(max(c_all[c_all > 0].min(), 1e-12) / 2, c_hi, 400)
-        ax.scatter(c_all, v_all, s=9, color=color, alpha=0.45, linewidths=0)
+        pos = c_all[c_all > 0]
+        lo_c = max(pos.min(), 1e-12) / 1.5
+        hi_c = max(c_all.max(), f.compute.max() * 2) * 1.2
+        grid = np.geomspace(lo_c, hi_c, 300) if log_x else np.linspace(lo_c, hi_c, 300)
+        fitted = np.isin(c_all, f.compute)
+        ax.scatter(c_all[fitted & (c_all > 0)], v_all[fitted & (c_all > 0)], s=10, color=color, alpha=0.6, linewidths=0)
         if len(f.heldout_compute):
             ax.scatter(
-                f.heldout_compute, f.heldout_value, s=18, facecolors="none", edgecolors=color, label=f"{name}: held out"
+                f.heldout_compute, f.heldout_value, s=20, facecolors="none", edgecolors=color, label=f"{name}: held out"
             )
+        fc = forecasts.get(name) if forecasts else None
+        ok = fc is None or fc.verdict is None or fc.verdict.predictable
+        label = f"{name}: A={f.A:.3f} B={f.B:.2f} C_mid={f.C_mid:.3g}"
+        if not ok:
+            label += " — not yet predictable"
         cut = f.compute.max()
         seen, beyond = grid <= cut, grid >= cut
-        ax.plot(
-            grid[seen], f.predict(grid[seen]), color=color, label=f"{name}: A={f.A:.3f} B={f.B:.2f} C_mid={f.C_mid:.3g}"
-        )
-        ax.plot(grid[beyond], f.predict(grid[beyond]), color=color, ls="--")
-        if boots and name in boots:
-            lo, hi = boots[name].predict_interval(grid)
-            ax.fill_between(grid, lo, hi, color=color, alpha=0.15, linewidth=0)
+        ax.plot(grid[seen], f.predict(grid[seen]), color=color, label=label, ls="-" if ok else ":")
+        ax.plot(grid[beyond], f.predict(grid[beyond]), color=color, ls="--" if ok else ":")
+        if fc is not None:
+            plo, phi = fc.prediction_band(grid)
+            clo, chi = fc.confidence_band(grid)
+            ax.fill_between(grid, plo, phi, color=color, alpha=0.10, linewidth=0)
+            ax.fill_between(grid, clo, chi, color=color, alpha=0.25, linewidth=0)
         ax.axhline(f.A, color=color, lw=0.6, ls=":")
-    ax.set_xlabel(xlabel)
+    if forecasts:
+        level = next(iter(forecasts.values())).level
+        ax.fill_between([], [], [], color="grey", alpha=0.25, label=f"{level:.0%} confidence band (mean curve)")
+        ax.fill_between([], [], [], color="grey", alpha=0.10, label=f"{level:.0%} prediction band (an evaluation)")
+    if log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel + (" (log scale)" if log_x else ""))
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,14 +1,16 @@
-"""``make bench-fit``: naive per-cell procedure vs scalefit's vectorised fit, same data and grid."""
+"""``make bench-fit``: naive per-cell procedure vs scalefit's vectorised fit, same data and grid;
+the forecast (bands + backtests) of one curve; fit time and peak memory at 1k, 50k, 200k points."""
 
 from __future__ import annotations
 
 import os
 import platform
 import time
+import tracemalloc
 
 import numpy as np
 
-from scalefit import bootstrap, fit_sigmoid
+from scalefit import bootstrap, fit_sigmoid, forecast
 from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
 from scalefit.synthetic import TABLE1, synthetic_curve
 from tests.naive_fit import naive_fit
@@ -39,19 +41,34 @@ def main() -> None:
     t_fast, fit = best_of(lambda: fit_sigmoid(compute, value, **fit_kw), 5)
     t_boot, boot = best_of(lambda: bootstrap(fit, n_resamples=1000, seed=0), 3)
 
-    same_cell = ref["A"] == fit.A and ref["C_mid"] == fit.C_mid
+    same_cell = ref["A"] == fit.grid_A and ref["C_mid"] == fit.grid_C_mid
     for label, t, r in (("naive reference", t_naive, ref), ("fast fit", t_fast, fit.to_dict())):
         print(
             f"{label:16s}: {t * 1e3:9.1f} ms  A {r['A']:.3f} C_mid {r['C_mid']:.1f} B {r['B']:.4f} SSE {r['sse']:.8g}"
         )
     print(
-        f"speed-up        : {t_naive / t_fast:9.1f} x   (target >= 100x); same cell: {same_cell}; "
+        f"speed-up        : {t_naive / t_fast:9.1f} x   (target >= 100x, grid + polish); same cell: {same_cell}; "
         f"SSE fast <= naive: {fit.sse <= ref['sse'] * (1 + 1e-9)}"
     )
     print(
         f"bootstrap 1000  : {t_boot * 1e3:9.1f} ms   (target < 1000 ms)   A 95% "
         f"[{boot.interval('A')[0]:.3f}, {boot.interval('A')[1]:.3f}]"
     )
+    t_fc, fc = best_of(lambda: forecast(fit, n_resamples=1000), 3)
+    print(
+        f"forecast        : {t_fc * 1e3:9.1f} ms   (target < 1000 ms: fit's bands from 1,000 correlated resamples + "
+        f"{len(fc.backtests)} backtests) → {fc.verdict.label}"
+    )
+    print("scaling in n (paper grids, one fit each; numpy allocations traced):")
+    for n in (1_000, 50_000, 200_000):
+        c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=n, n_prompts=1000, seed=1)
+        tracemalloc.start()
+        t = time.perf_counter()
+        f = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+        dt = time.perf_counter() - t
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"  n = {n:>7,}: {dt:7.2f} s, peak {peak / 2**20:7.1f} MiB (ceiling 500 MiB), A {f.A:.3f}")
     if not np.isfinite(fit.sse):
         raise SystemExit("fit failed")
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from analysis.loo import fit_table, to_markdown
+from analysis.loo import extrapolation_check, fit_table, to_markdown
 from scalefit.synthetic import synthetic_curve
 
+X = "compute/gpu_hours"
 
-def curves(spec: dict[str, tuple[float, float, float]], seeds=(0, 1)) -> pd.DataFrame:
+
+def curves(spec: dict[str, tuple[float, float, float]], seeds=(0, 1), c_max=16_000.0) -> pd.DataFrame:
     rows = []
     for i, (variant, (cm, b, a)) in enumerate(spec.items()):
         for s in seeds:
-            c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=81, seed=100 * i + s)
+            c, v = synthetic_curve(cm, b, a, c_max=c_max, n_points=81, seed=100 * i + s)
             rows.append(
                 pd.DataFrame(
                     {
@@ -31,7 +34,7 @@ def curves(spec: dict[str, tuple[float, float, float]], seeds=(0, 1)) -> pd.Data
 
 def test_loo_table_verdicts_follow_the_papers_rule():
     df = curves({"baseline": (2542, 1.92, 0.61), "loss=worse": (2542, 1.92, 0.52), "agg=same": (2542, 1.92, 0.61)})
-    table, extra = fit_table(df, {"a_grid": "0.30:0.90:0.005", "exclude_below": 1500}, n_boot=200)
+    table, extra = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005", "exclude_below": 1500}, n_boot=200)
     t = table.set_index("variant")
     assert abs(t.loc["baseline", "A"] - 0.61) <= 0.015 and t.loc["baseline", "seeds"] == 2  # auto C_mid grid
     assert t.loc["baseline", "A_seed_half_range"] <= 0.02
@@ -46,9 +49,47 @@ def test_unfittable_variant_is_reported_not_raised():
     df = curves({"baseline": (2542, 1.92, 0.61)})
     flat = df.copy()
     flat["variant"], flat["val/mean_at_16"] = "ppo=on", 0.30
-    table, _ = fit_table(pd.concat([df, flat]), {"a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(pd.concat([df, flat]), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
     note = table.set_index("variant").loc["ppo=on", "note"]
     assert "no sigmoid gain" in note
+
+
+def test_loo_verdict_cannot_decide_at_the_grid_edge_or_when_not_predictable():
+    df = curves({"baseline": (2542, 1.92, 0.61), "edge=up": (2542, 1.92, 0.95)})
+    early = curves({"early=stop": (9000, 1.92, 0.70)}, c_max=4_000.0)  # stopped long before its knee
+    early["variant"] = "early=stop"
+    table, _ = fit_table(pd.concat([df, early]), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    t = table.set_index("variant")
+    assert t.loc["edge=up", "verdict"].startswith("cannot decide") and "edge of its grid" in t.loc["edge=up", "verdict"]
+    assert t.loc["early=stop", "verdict"].startswith("cannot decide")
+    assert "not yet predictable" in t.loc["early=stop", "verdict"]
+    assert not t.loc["early=stop", "predictable"]
+    assert "(grid edge)" in to_markdown(table)
+
+
+def test_identical_curves_are_flagged_not_judged():
+    df = curves({"baseline": (2542, 1.92, 0.61)})
+    twin = df.copy()
+    twin["variant"], twin["axis"] = "fp32=off", "fp32"
+    twin[X] = twin[X] * 1.7  # same learning curve, a slower machine
+    table, _ = fit_table(pd.concat([df, twin]), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    row = table.set_index("variant").loc["fp32=off"]
+    assert row["identical_to_baseline"] and row["verdict"].startswith("identical mean@16 to the baseline")
+
+
+def test_extrapolation_check_reports_band_verdict_and_expected_error():
+    df = curves({"baseline": (2542, 1.92, 0.61)}, c_max=32_000.0)
+    ex = extrapolation_check(df, {"x": X, "a_grid": "0.30:0.90:0.005", "level": 0.9}, n_boot=100).iloc[0]
+    assert ex["band_lo"] <= ex["predicted"] <= ex["band_hi"]
+    assert ex["in_band"] == (ex["band_lo"] <= ex["observed"] <= ex["band_hi"])
+    assert ex["verdict"] in ("predictable", "not yet predictable") and ex["level"] == 0.9
+    assert np.isfinite(ex["expected_error"])
+
+
+def test_unknown_fit_key_is_refused_with_a_suggestion():
+    df = curves({"baseline": (2542, 1.92, 0.61)})
+    with pytest.raises(ValueError, match="did you mean 'fit.margin'"):
+        fit_table(df, {"x": X, "margn": 0.02})
 
 
 # --- run reports: anomaly detection on known series ---------------------------------------

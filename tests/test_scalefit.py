@@ -33,16 +33,21 @@ def test_same_optimum_as_naive_procedure(run, seed):
     c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=161, seed=seed)
     keep = c >= 1500
     ref = naive_fit(c[keep], v[keep], float(v[0]), PAPER_A_GRID, PAPER_CMID_GRID)
-    f = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
-    assert (f.A, f.C_mid) == (ref["A"], ref["C_mid"])
-    assert f.sse <= ref["sse"] * (1 + 1e-9)
-    assert pytest.approx(ref["B"], rel=1e-4) == f.B
+    paper = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID, polish_optimum=False)
+    assert (paper.A, paper.C_mid) == (ref["A"], ref["C_mid"])
+    assert paper.sse <= ref["sse"] * (1 + 1e-9)
+    assert pytest.approx(ref["B"], rel=1e-4) == paper.B
+    f = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)  # polished continuously from that cell
+    assert (f.grid_A, f.grid_C_mid) == (ref["A"], ref["C_mid"])
+    assert f.sse <= paper.sse
+    assert abs(f.A - paper.A) < 0.005 and abs(f.C_mid - paper.C_mid) < 0.2 * paper.C_mid
 
 
 def test_exact_curve_fits_to_zero_error():
     c, v = synthetic_curve(2000.0, 1.5, 0.6, c_max=20_000.0, n_prompts=None)
     f = fit_sigmoid(c, v, cmid_grid=np.linspace(500, 4000, 15))
-    assert (f.A, f.C_mid) == (0.6, 2000.0)
+    assert (f.grid_A, f.grid_C_mid) == (0.6, 2000.0)
+    assert pytest.approx(0.6, abs=1e-6) == f.A and f.C_mid == pytest.approx(2000.0, rel=1e-6)
     assert pytest.approx(1.5, rel=1e-6) == f.B
     assert f.sse < 1e-20
     assert f.predict(0.0) == pytest.approx(v[0])
@@ -138,7 +143,7 @@ def test_optimum_at_grid_edge_warns_with_direction():
     c, v = synthetic_curve(2542, 1.92, 0.90, c_max=16_000.0, n_prompts=None)
     with pytest.warns(UserWarning, match="upper edge of the A grid.*upwards"):
         f = fit_sigmoid(c, v, cmid_grid=PAPER_CMID_GRID)
-    assert PAPER_A_GRID[-1] == f.A and f.warnings
+    assert PAPER_A_GRID[-1] == f.grid_A == pytest.approx(f.A) and f.a_at_edge and f.warnings
 
 
 def test_auto_cmid_grid_handles_any_compute_unit():
@@ -179,10 +184,20 @@ def test_cli_fit_json_on_stdout_and_plot(tmp_path):
     )
     res = json.loads(out.stdout)["runs"]
     assert set(res) == {"ScaleRL", "ScaleRL-8gen"}
-    for key in ("A", "B", "C_mid", "R0", "sse", "bootstrap", "extrapolation"):
+    for key in ("A", "B", "C_mid", "R0", "sse", "forecast", "verdict", "extrapolation"):
         assert key in res["ScaleRL"]
     assert abs(res["ScaleRL"]["A"] - 0.61) <= 0.02
-    assert "A " in out.stderr and png.stat().st_size > 10_000
+    fc = res["ScaleRL"]["forecast"]
+    assert fc["level"] == 0.9 and fc["ratio"] == pytest.approx(2.0)
+    held = fc["heldout"]  # a band for every held-out point, not only the final one
+    assert len(held) == res["ScaleRL"]["extrapolation"]["n_heldout"]
+    for row in held:
+        lo, hi = row["prediction_band"]
+        clo, chi = row["confidence_band"]
+        assert lo <= clo <= row["predicted"] <= chi <= hi
+        assert row["in_prediction_band"] == (lo <= row["observed"] <= hi)
+    assert res["ScaleRL"]["verdict"]["label"] in ("predictable", "not yet predictable")
+    assert "A " in out.stderr and "verdict" in out.stderr and png.stat().st_size > 10_000
 
 
 def test_cli_single_curve_gives_flat_json(tmp_path):
@@ -236,3 +251,65 @@ def test_sigmoid_is_r0_at_zero_and_a_at_infinity():
     assert sigmoid(0.0, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.2)
     assert sigmoid(1e12, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.6)
     assert sigmoid(100.0, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.4)
+
+
+# --- #13: edges, memory, degenerate input ---------------------------------------------------
+
+
+def test_compare_refuses_to_decide_when_both_fits_sit_on_the_a_grid_edge():
+    """True asymptotes 0.95 and 0.84 both land on the default grid's top (0.800): no winner."""
+    c1, v1 = synthetic_curve(2542, 1.92, 0.95, c_max=16_000.0, seed=1)
+    c2, v2 = synthetic_curve(2542, 1.92, 0.84, c_max=16_000.0, seed=2)
+    with pytest.warns(UserWarning):
+        f1, f2 = (fit_sigmoid(c, v, cmid_grid=PAPER_CMID_GRID) for c, v in ((c1, v1), (c2, v2)))
+    cmp = compare_fits(f1, f2, names=("base", "variant"))
+    assert cmp.rule == "undecided" and cmp.winner == "undecided"
+    assert cmp.verdict.startswith("cannot decide") and "edge of its grid" in cmp.verdict
+
+
+def test_cli_compare_says_cannot_decide_at_the_grid_edge(tmp_path):
+    frames = []
+    for name, a, seed in (("base", 0.95, 1), ("variant", 0.84, 2)):
+        c, v = synthetic_curve(2542, 1.92, a, c_max=16_000.0, seed=seed)
+        frames.append(pd.DataFrame({"run": name, "h": c, "m": v}))
+    csv = tmp_path / "edge.csv"
+    pd.concat(frames).to_csv(csv, index=False)
+    out = _run_cli(
+        "compare", str(csv), "--x", "h", "--y", "m", "--baseline", "base", "--bootstrap", "100", "--json", "-"
+    )
+    cmp = json.loads(out.stdout)["comparisons"]["variant"]
+    assert cmp["winner"] == "undecided" and "cannot decide" in out.stderr
+
+
+def test_chunked_grid_gives_the_same_fit_with_bounded_memory(monkeypatch):
+    import scalefit.fit as fit_module
+
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, n_points=400, seed=3)
+    whole = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+    monkeypatch.setattr(fit_module, "CHUNK_FLOATS", 20_000)  # ~2 points per grid chunk, a few cells per LM chunk
+    chunked = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
+    assert (chunked.grid_A, chunked.grid_C_mid) == (whole.grid_A, whole.grid_C_mid)
+    assert pytest.approx(whole.A, abs=1e-6) == chunked.A and chunked.sse == pytest.approx(whole.sse, rel=1e-6)
+
+
+def test_points_that_all_share_one_compute_are_refused():
+    with pytest.raises(FitError, match="same compute"):
+        fit_sigmoid([0, 5, 5, 5, 5, 5], [0.3, 0.4, 0.5, 0.45, 0.5, 0.48])
+
+
+@pytest.mark.parametrize("bad", ["-5", "3", "abc"])
+def test_cli_rejects_a_bad_resample_count(tmp_path, bad):
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
+    csv = tmp_path / "one.csv"
+    pd.DataFrame({"h": c, "m": v}).to_csv(csv, index=False)
+    r = _run_cli("fit", str(csv), "--x", "h", "--y", "m", "--bootstrap", bad, check=False)
+    assert r.returncode == 2 and "--bootstrap" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_compare_names_the_run_that_cannot_be_fitted(tmp_path):
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
+    frames = [pd.DataFrame({"run": "base", "h": c, "m": v}), pd.DataFrame({"run": "flat", "h": c, "m": 0.3})]
+    csv = tmp_path / "flat.csv"
+    pd.concat(frames).to_csv(csv, index=False)
+    r = _run_cli("compare", str(csv), "--x", "h", "--y", "m", "--baseline", "base", check=False)
+    assert r.returncode == 2 and "flat: no sigmoid gain" in r.stderr
