@@ -240,11 +240,18 @@ def test_cli_compare(tmp_path):
         "1500",
         "--cmid-grid",
         "paper",
+        "--bootstrap",
+        "0",  # the paper's rule alone, on the point estimates
         "--json",
         "-",
     )
     cmp = json.loads(out.stdout)["comparisons"]["variant"]
     assert cmp["rule"] == "B" and cmp["winner"] == "base"
+    out = _run_cli(
+        "compare", str(csv), "--x", "h", "--y", "m", "--baseline", "base", "--bootstrap", "200", "--json", "-"
+    )
+    cmp = json.loads(out.stdout)["comparisons"]["variant"]  # with forecasts: the same winner, or no winner and why
+    assert cmp["winner"] == "base" or (cmp["winner"] == "undecided" and "not yet predictable" in cmp["verdict"])
 
 
 def test_sigmoid_is_r0_at_zero_and_a_at_infinity():
