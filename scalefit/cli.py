@@ -96,8 +96,8 @@ def _summary(name: str, f: SigmoidFit, fc: Forecast | None, extra: dict[str, Any
             f"at {ex['final_compute']:.4g} predicted {ex['final_predicted']:.3f} vs observed "
             f"{ex['final_observed']:.3f} (error {ex['final_error']:+.4f})"
         )
-        if fc is not None:
-            rows = fc.at(f.heldout_compute, f.heldout_value)
+        if "heldout" in extra:
+            rows = extra["heldout"]
             last = max(rows, key=lambda r: r["compute"])
             lo, hi = last["prediction_band"]
             inside = sum(r["in_prediction_band"] for r in rows)
@@ -148,8 +148,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             out["verdict"] = fc.verdict.to_dict()
             if args.target is not None:
                 out["forecast"]["target"] = fc.at([args.target])[0]
-            if f.extrapolation():
-                final = fc.at([f.extrapolation()["final_compute"]])[0]
+            if "heldout" in out["forecast"]:  # every held-out point's bands, computed once
+                extra["heldout"] = out["forecast"]["heldout"]
+                final = max(extra["heldout"], key=lambda r: r["compute"])
                 out["extrapolation"]["final_interval"] = final["prediction_band"]
         if args.power_law:
             extra["power_law"] = out["power_law"] = fit_power_law(

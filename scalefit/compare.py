@@ -16,6 +16,7 @@ import numpy as np
 
 from scalefit.fit import SigmoidFit
 from scalefit.forecast import Forecast
+from scalefit.uncertainty import central_percentiles
 
 
 @dataclass
@@ -69,8 +70,8 @@ def compare_fits(
     if fb is not None and fcand is not None:
         k = min(len(fb.samples), len(fcand.samples))
         d = fcand.samples[:k, 0] - fb.samples[:k, 0]
-        tail = (1.0 - fb.level) / 2.0 * 100.0
-        delta = (float(np.percentile(d, tail)), float(np.percentile(d, 100.0 - tail)))
+        lo, hi = np.percentile(d, central_percentiles(fb.level))
+        delta = (float(lo), float(hi))
     if abs(a1 - a2) > margin:
         winner = nb if a1 > a2 else nc
         verdict = (

@@ -14,6 +14,21 @@ def sigmoid(compute, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
     return R0 + (A - R0) * expit(-z)
 
 
+def sigmoid_residuals(theta: np.ndarray, log_c, y, r0) -> tuple[np.ndarray, np.ndarray]:
+    """Residuals R(C) - y and their Jacobian in (A, B, log C_mid), one row per row of ``theta``.
+
+    ``log_c``, ``y`` and ``r0`` broadcast against (rows, points): shared points as (1, n),
+    resampled points as (rows, n), a fixed R0 as a scalar or one per row as (rows, 1).
+    This is the one least-squares problem every refit of the curve solves.
+    """
+    a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
+    u = lc - log_c
+    s = expit(-b * u)
+    gain = a - r0
+    ds = -gain * s * (1.0 - s)
+    return r0 + gain * s - y, np.stack(np.broadcast_arrays(s, ds * u, ds * b), axis=-1)
+
+
 def power_law(compute, A: float, D: float, B: float) -> np.ndarray:
     """Saturating power law A - D / C^B (paper App. A.7's comparison)."""
     c = np.asarray(compute, dtype=float)

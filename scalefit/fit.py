@@ -24,7 +24,7 @@ import numpy as np
 from scipy.optimize import curve_fit
 from scipy.special import expit
 
-from scalefit.curve import sigmoid
+from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
 from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
 from scalefit.lm import batched_lm
@@ -61,7 +61,7 @@ class SigmoidFit:
     grid_C_mid: float = np.nan
     polished: bool = True
     cmid_auto: bool = False  # the C_mid grid was scaled to the data (a prefix refit scales it again)
-    runs: np.ndarray | None = field(default=None, repr=False)  # run label of each fitted point
+    used: np.ndarray | None = field(default=None, repr=False)  # which input points were fitted
     run_inputs: np.ndarray | None = field(default=None, repr=False)  # run label of each input point
 
     @property
@@ -229,12 +229,8 @@ def polish(
     def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         full = np.tile(start, (len(theta), 1))
         full[:, free] = theta
-        a, b, lc = full[:, :1], full[:, 1:2], full[:, 2:3]
-        u = lc - log_c[None, :]
-        s = expit(-b * u)
-        ds = -s * (1.0 - s)
-        jac = np.stack([s, (a - r0) * ds * u, (a - r0) * ds * b], axis=-1)[..., free]
-        return r0 + (a - r0) * s - v, jac
+        r, jac = sigmoid_residuals(full, log_c[None, :], v, r0)
+        return r, jac[..., free]
 
     theta, sse = batched_lm(residuals, start[None, free], lower[free], upper[free], iters=200)
     out = start.copy()
@@ -366,7 +362,7 @@ def fit_sigmoid(
         grid_C_mid=grid_C_mid,
         cmid_auto=cmid_auto,
         polished=polish_optimum,
-        runs=runs_all[use],
+        used=use,
         run_inputs=runs_all,
     )
 

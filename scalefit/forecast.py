@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
 
-from scalefit.curve import sigmoid
+from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
 from scalefit.fit import B_BOUNDS, MIN_POINTS, SigmoidFit
 from scalefit.lm import batched_lm
+from scalefit.uncertainty import PARAMS, central_percentiles
 
-PARAMS = ("A", "B", "C_mid")
 DEFAULT_LEVEL = 0.9
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
 PHI_MAX = 0.95
@@ -82,23 +81,11 @@ def eval_sd(p, eval_prompts: int | None, eval_samples: int = 16) -> np.ndarray |
 def _series(fit: SigmoidFit) -> list[np.ndarray]:
     """Indices into the fit's inputs of each run's evaluations in compute order, zero compute included."""
     c_all, _ = fit.inputs
-    runs = fit.run_inputs if fit.run_inputs is not None else np.zeros(len(c_all), int)
-    fitted = _fitted_mask(fit)
     out = []
-    for r in np.unique(runs):
-        idx = np.flatnonzero((runs == r) & (fitted | (c_all == c_all.min())))
+    for r in np.unique(fit.run_inputs):
+        idx = np.flatnonzero((fit.run_inputs == r) & (fit.used | (c_all == c_all.min())))
         out.append(idx[np.argsort(c_all[idx], kind="stable")])
     return out
-
-
-def _fitted_mask(fit: SigmoidFit) -> np.ndarray:
-    c_all, _ = fit.inputs
-    keep = c_all > 0
-    if fit.exclude_below is not None:
-        keep &= c_all >= fit.exclude_below
-    if fit.fit_upto is not None:
-        keep &= c_all <= fit.fit_upto
-    return keep
 
 
 def _residual_stats(resid: np.ndarray, series: list[np.ndarray], n_free: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,12 +145,16 @@ class Backtest:
         return self.predicted - self.observed
 
     @property
+    def reach_factor(self) -> float:
+        """How much farther the question looks than this backtest could: extrapolation error grows
+        with the distance in log-compute, so a backtest that looked 1.5x ahead for a 2x question
+        counts log 2 / log 1.5 times its error (never less than once)."""
+        return max(float(np.log(self.ratio) / np.log(self.target / self.origin)), 1.0)
+
+    @property
     def scaled_error(self) -> float:
-        """The error carried to the question's ratio: extrapolation error grows with the distance
-        in log-compute, so a backtest that could only look 1.5x ahead for a 2x question counts
-        log 2 / log 1.5 times its error."""
-        reach = np.log(self.target / self.origin)
-        return self.error * max(np.log(self.ratio) / reach, 1.0) if reach > 0 else np.inf
+        """The error carried to the question's ratio."""
+        return self.error * self.reach_factor
 
     @property
     def z(self) -> float:
@@ -221,12 +212,8 @@ class Forecast:
         A, B, Cm, R0 = (self.samples[:, i : i + 1] for i in range(4))
         return c, sigmoid(c[None, :], A, B, Cm, R0)
 
-    def _q(self) -> tuple[float, float]:
-        tail = (1.0 - self.level) / 2.0 * 100.0
-        return tail, 100.0 - tail
-
     def interval(self, param: str) -> tuple[float, float]:
-        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], self._q())
+        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], central_percentiles(self.level))
         return float(lo), float(hi)
 
     def point(self, compute) -> np.ndarray:
@@ -235,7 +222,7 @@ class Forecast:
     def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
         """Where the mean curve lies (parameter uncertainty only)."""
         c, curves = self._curves(compute)
-        lo, hi = np.percentile(curves, self._q(), axis=0)
+        lo, hi = np.percentile(curves, central_percentiles(self.level), axis=0)
         return lo, hi
 
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
@@ -252,15 +239,12 @@ class Forecast:
         point = self.point(c)[None, :]
         return point + self.calibration * (curves + dev - point)
 
-    def prediction_band(self, compute, n_runs: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Where a new evaluation at each compute lands (parameter uncertainty + evaluation noise +
-        run-to-run deviation), calibrated by the backtests."""
-        lo, hi = np.percentile(self.prediction_draws(compute, n_runs), self._q(), axis=0)
+        run-to-run deviation), calibrated by the backtests; at ``level`` (default the forecast's)."""
+        q = central_percentiles(self.level if level is None else level)
+        lo, hi = np.percentile(self.prediction_draws(compute, n_runs), q, axis=0)
         return lo, hi
-
-    def prob_at_least(self, compute: float, threshold: float, n_runs: int = 1) -> float:
-        """Probability that a new evaluation at ``compute`` reaches ``threshold``."""
-        return float(np.mean(self.prediction_draws([compute], n_runs)[:, 0] >= threshold))
 
     @property
     def expected_error(self) -> float | None:
@@ -270,10 +254,7 @@ class Forecast:
         if not self.backtests:
             return None
         noise2 = self.noise.sigma**2
-        err2 = [
-            max(b.error**2 - noise2, 0.0) * (b.scaled_error / b.error) ** 2 if b.error else 0.0 for b in self.backtests
-        ]
-        return float(np.sqrt(np.mean(err2)))
+        return float(np.sqrt(np.mean([max(b.error**2 - noise2, 0.0) * b.reach_factor**2 for b in self.backtests])))
 
     def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
         """Point prediction and both bands at each compute value (with the observation, if given)."""
@@ -352,19 +333,12 @@ def correlated_bootstrap(
         dev[:, idx] = e * sigma[:, None]
     base = c_all == c_all.min()
     r0_draws = fit.R0 + dev[:, base].mean(axis=1) if _r0_default(fit) == fit.R0 else np.full(n_resamples, fit.R0)
-    fitted = _fitted_mask(fit)
-    log_x = np.log(c_all[fitted])
-    y = fit.predict(c_all[fitted])[None, :] + dev[:, fitted]
+    log_x = np.log(c_all[fit.used])[None, :]
+    y = fit.predict(c_all[fit.used])[None, :] + dev[:, fit.used]
     r0 = r0_draws[:, None]
 
     def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
-        u = lc - log_x[None, :]
-        s = expit(-b * u)
-        ds = -s * (1.0 - s)
-        r = r0[rows] + (a - r0[rows]) * s - y[rows]
-        jac = np.stack([s, (a - r0[rows]) * ds * u, (a - r0[rows]) * ds * b], axis=-1)
-        return r, jac
+        return sigmoid_residuals(theta, log_x, y[rows], r0[rows])
 
     theta0 = np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n_resamples, 1))
     a_fixed, c_fixed = len(fit.a_grid) == 1, len(fit.cmid_grid) == 1
@@ -422,20 +396,16 @@ def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_s
     ``ratio`` x the prefix's compute. A backtest must look at least sqrt(ratio) ahead (half the
     question's distance in log-compute); the latest feasible origins, at most ``MAX_BACKTESTS``."""
     c_all, v_all = fit.inputs
-    fitted = _fitted_mask(fit)
-    c_fit, v_fit = c_all[fitted], v_all[fitted]
-    origins = np.unique(c_fit)[MIN_POINTS - 1 :]
-    feasible = []
-    for o in origins:
-        ahead = (c_fit > o * (1 + 1e-12)) & (c_fit <= o * ratio * (1 + 1e-9))
-        if ahead.any() and c_fit[ahead].max() >= o * np.sqrt(ratio) * (1 - 1e-9):
-            feasible.append(o)
+    c_fit, v_fit = c_all[fit.used], v_all[fit.used]
+    feasible = []  # (origin, farthest fitted point within ratio x)
+    for o in np.unique(c_fit)[MIN_POINTS - 1 :]:
+        ahead = c_fit[(c_fit > o * (1 + 1e-12)) & (c_fit <= o * ratio * (1 + 1e-9))]
+        if len(ahead) and ahead.max() >= o * np.sqrt(ratio) * (1 - 1e-9):
+            feasible.append((float(o), float(ahead.max())))
     feasible = feasible[-MAX_BACKTESTS:]
     out = []
-    for o in feasible:
-        ahead = (c_fit > o * (1 + 1e-12)) & (c_fit <= o * ratio * (1 + 1e-9))
-        t = float(c_fit[ahead].max())
-        observed = float(v_fit[ahead & (c_fit == t)].mean())
+    for o, t in feasible:
+        observed = float(v_fit[c_fit == t].mean())
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -452,7 +422,7 @@ def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_s
         except FitError:
             continue
         draws = fc.prediction_draws([t])[:, 0]
-        out.append(Backtest(float(o), t, float(fc.point([t])[0]), observed, float(np.std(draws)), ratio))
+        out.append(Backtest(o, t, float(fc.point([t])[0]), observed, float(np.std(draws)), ratio))
     return out
 
 

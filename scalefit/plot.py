@@ -40,8 +40,7 @@ def plot_fits(
         lo_c = max(pos.min(), 1e-12) / 1.5
         hi_c = max(c_all.max(), f.compute.max() * 2) * 1.2
         grid = np.geomspace(lo_c, hi_c, 300) if log_x else np.linspace(lo_c, hi_c, 300)
-        fitted = np.isin(c_all, f.compute)
-        ax.scatter(c_all[fitted & (c_all > 0)], v_all[fitted & (c_all > 0)], s=10, color=color, alpha=0.6, linewidths=0)
+        ax.scatter(c_all[f.used], v_all[f.used], s=10, color=color, alpha=0.6, linewidths=0)
         if len(f.heldout_compute):
             ax.scatter(
                 f.heldout_compute, f.heldout_value, s=20, facecolors="none", edgecolors=color, label=f"{name}: held out"

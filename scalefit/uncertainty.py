@@ -7,13 +7,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import expit
 
-from scalefit.curve import sigmoid
+from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.fit import B_BOUNDS, SigmoidFit, fit_sigmoid
 from scalefit.lm import batched_lm
 
 PARAMS = ("A", "B", "C_mid")
+
+
+def central_percentiles(level: float) -> tuple[float, float]:
+    """The percentiles bounding the central ``level`` share of a sample (0.9 → 5, 95)."""
+    tail = (1.0 - level) / 2.0 * 100.0
+    return tail, 100.0 - tail
 
 
 @dataclass
@@ -24,12 +29,8 @@ class Bootstrap:
     samples: np.ndarray  # (n_resamples, 3): A, B, C_mid
     level: float = 0.95
 
-    def _q(self) -> tuple[float, float]:
-        tail = (1.0 - self.level) / 2.0 * 100.0
-        return tail, 100.0 - tail
-
     def interval(self, param: str) -> tuple[float, float]:
-        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], self._q())
+        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], central_percentiles(self.level))
         return float(lo), float(hi)
 
     def predict_interval(self, compute) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +38,7 @@ class Bootstrap:
         c = np.atleast_1d(np.asarray(compute, float))
         A, B, Cm = (self.samples[:, i : i + 1] for i in range(3))
         curves = sigmoid(c[None, :], A, B, Cm, self.fit.R0)
-        lo, hi = np.percentile(curves, self._q(), axis=0)
+        lo, hi = np.percentile(curves, central_percentiles(self.level), axis=0)
         return lo, hi
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,13 +61,7 @@ def bootstrap(fit: SigmoidFit, n_resamples: int = 1000, seed: int = 0, level: fl
     log_x, y, r0 = np.log(fit.compute)[idx], fit.value[idx], fit.R0
 
     def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
-        u = lc - log_x[rows]
-        s = expit(-b * u)
-        ds = -s * (1.0 - s)
-        r = r0 + (a - r0) * s - y[rows]
-        jac = np.stack([s, (a - r0) * ds * u, (a - r0) * ds * b], axis=-1)
-        return r, jac
+        return sigmoid_residuals(theta, log_x[rows], y[rows], r0)
 
     theta0 = np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n_resamples, 1))
     c_lo, c_hi = np.log(fit.cmid_grid.min() / 10.0), np.log(fit.cmid_grid.max() * 10.0)

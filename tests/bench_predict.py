@@ -86,8 +86,7 @@ def score(name, c, v, runs, settings: dict, n_resamples: int) -> dict | None:
     ch, vh = c[held], v[held]
     final = ch == ch.max()
     lo90, hi90 = fc.prediction_band(ch)
-    fc.level = 0.95
-    lo95, hi95 = fc.prediction_band(ch)
+    lo95, hi95 = fc.prediction_band(ch, level=0.95)
     ilo, ihi = iid.predict_interval(ch)
     pred, ppred = f.predict(ch), plain.predict(ch)
     inside90, inside95, iid90 = (lo90 <= vh) & (vh <= hi90), (lo95 <= vh) & (vh <= hi95), (ilo <= vh) & (vh <= ihi)
