@@ -4,16 +4,33 @@
 Unix socket in the data folder) and creates the ``mlflow`` database; ``uri`` is what
 ``mlflow server --backend-store-uri`` takes. PostgreSQL refuses to run as root, so as root the
 cluster runs as the ``postgres`` system user (``runuser``).
+
+Nobody else on the machine gets in: TCP connections need a password (scram-sha-256), the Unix
+socket admits only the OS user that runs the server (peer), as the cluster's superuser. MLflow
+connects as ``mlflow``, a role that is no superuser and owns only its database, with a generated
+secret kept in a libpq password file (mode 0600) beside the data folder; the URI names the file,
+never the secret, so the secret is not on any command line. A cluster made by an older version
+with ``trust`` authentication is switched over on its next start.
 """
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
+import secrets
 import shutil
 import subprocess
 import time
 from pathlib import Path
+
+ROLE = "mlflow"  # the role MLflow connects as
+HBA = (
+    "# written by runners/postgres.py: the server's own OS user on the socket, passwords on TCP\n"
+    "local all all peer\n"
+    "host all all 127.0.0.1/32 scram-sha-256\n"
+    "host all all ::1/128 scram-sha-256\n"
+)
 
 
 class PostgresError(RuntimeError):
@@ -35,15 +52,21 @@ class PostgresCluster:
     def __init__(self, data_dir: Path, port: int, database: str = "mlflow") -> None:
         self.data_dir, self.port, self.database = Path(data_dir).resolve(), port, database
         self.user = "postgres" if os.geteuid() == 0 else None  # who runs the server
+        self.superuser = self.user or getpass.getuser()  # peer authentication maps the OS user to this role
+
+    @property
+    def passfile(self) -> Path:
+        """The libpq password file with the ``mlflow`` role's secret (mode 0600, owned by the caller)."""
+        return self.data_dir.parent / f"{self.data_dir.name}.pgpass"
 
     @property
     def uri(self) -> str:
-        # initdb's superuser, through psycopg2 (SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3)
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{self.database}"
+        # through psycopg2 (SQLAlchemy 2.1's default PostgreSQL driver is psycopg 3); libpq reads the secret
+        return f"postgresql+psycopg2://{ROLE}@127.0.0.1:{self.port}/{self.database}?passfile={self.passfile}"
 
-    def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _run(self, *cmd: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
         full = ["runuser", "-u", self.user, "--", *cmd] if self.user else list(cmd)
-        res = subprocess.run(full, capture_output=True, text=True, timeout=120, cwd="/")
+        res = subprocess.run(full, capture_output=True, text=True, timeout=120, cwd="/", input=stdin)
         if check and res.returncode != 0:
             raise PostgresError(f"{' '.join(cmd[:2])} failed: {(res.stderr or res.stdout).strip()[-500:]}")
         return res
@@ -61,37 +84,71 @@ class PostgresCluster:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             if self.user:
                 shutil.chown(self.data_dir, self.user, self.user)
-            self._run(find_bin("initdb"), "-D", str(self.data_dir), "-A", "trust", "-U", self.user or "postgres")
+            self._run(
+                find_bin("initdb"),
+                "-D",
+                str(self.data_dir),
+                "--auth-local=peer",
+                "--auth-host=scram-sha-256",
+                "-U",
+                self.superuser,
+            )
+        self._secure_hba()
         opts = f"-p {self.port} -k {self.data_dir} -c listen_addresses=127.0.0.1"
         log = self.data_dir / "server.log"
         self._run(find_bin("pg_ctl"), "-D", str(self.data_dir), "-o", opts, "-l", str(log), "-w", "start")
         deadline = time.time() + 30
-        while time.time() < deadline:
-            res = self._run(find_bin("psql"), *self._conn("postgres"), "-tAc", "select 1", check=False)
-            if res.returncode == 0:
-                break
+        while self._sql("select 1", check=False).returncode != 0:
+            if time.time() > deadline:
+                raise PostgresError(f"PostgreSQL did not accept connections within 30 s; see {log}")
             time.sleep(0.3)
-        exists = self._run(
-            find_bin("psql"),
-            *self._conn("postgres"),
-            "-tAc",
-            f"select 1 from pg_database where datname='{self.database}'",
+        secret = self._secret()
+        # on stdin, not the command line: other users can read command lines
+        self._sql(
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{ROLE}') THEN "
+            f"CREATE ROLE {ROLE}; END IF; END $$;\n"
+            f"ALTER ROLE {ROLE} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{secret}';"
         )
-        if exists.stdout.strip() != "1":
-            self._run(
-                find_bin("createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                self.user or "postgres",
-                self.database,
+        if self._sql(f"select 1 from pg_database where datname = '{self.database}'").stdout.strip() != "1":
+            self._sql(f'CREATE DATABASE "{self.database}" OWNER {ROLE};')
+        else:  # made by an older version, owned by the superuser: hand it and its tables to the role
+            self._sql(f'ALTER DATABASE "{self.database}" OWNER TO {ROLE};')
+            self._sql(
+                "DO $$ DECLARE r record; BEGIN FOR r IN SELECT c.relname FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' "
+                f"AND c.relkind IN ('r', 'S', 'v') AND pg_get_userbyid(c.relowner) <> '{ROLE}' LOOP "
+                f"EXECUTE format('ALTER TABLE public.%I OWNER TO {ROLE}', r.relname); END LOOP; END $$;",
+                db=self.database,
             )
+        self._sql(f'REVOKE ALL ON DATABASE "{self.database}" FROM PUBLIC;')
         return self
 
-    def _conn(self, db: str) -> list[str]:
-        return ["-h", "127.0.0.1", "-p", str(self.port), "-U", self.user or "postgres", "-d", db]
+    def _secure_hba(self) -> None:
+        """Password on TCP, peer on the socket: also for a cluster an older version made with ``trust``."""
+        hba = self.data_dir / "pg_hba.conf"
+        if self._run("cat", str(hba)).stdout != HBA:
+            tmp = self.data_dir / "pg_hba.conf.new"
+            self._run("tee", str(tmp), stdin=HBA)
+            self._run("mv", str(tmp), str(hba))
+
+    def _secret(self) -> str:
+        """The role's password: read from the password file, or generated and written (mode 0600,
+        atomically) on first start."""
+        if self.passfile.is_file():
+            line = self.passfile.read_text().strip()
+            return line.rsplit(":", 1)[1]
+        secret = secrets.token_urlsafe(24)  # letters, digits, - and _: safe in SQL quotes and the file
+        tmp = self.passfile.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"127.0.0.1:*:{self.database}:{ROLE}:{secret}\n")
+        os.replace(tmp, self.passfile)
+        return secret
+
+    def _sql(self, sql: str, db: str = "postgres", check: bool = True) -> subprocess.CompletedProcess:
+        """Run SQL as the superuser over the socket (peer authentication), the statements on stdin."""
+        conn = ["-h", str(self.data_dir), "-p", str(self.port), "-U", self.superuser, "-d", db]
+        return self._run(find_bin("psql"), *conn, "-X", "-w", "-v", "ON_ERROR_STOP=1", "-tA", check=check, stdin=sql)
 
     def stop(self) -> None:
         self._run(find_bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "stop", check=False)
