@@ -1,12 +1,18 @@
 """MLflow tracking: the default SQLite store, a local tracking server for concurrent writers,
 and the metric sink that runs log through (deduplicated by step, so a resumed run never
 records a step twice).
+
+A local server records itself (pid, port, the process that started it) in a file beside its
+store; a server whose starter died without stopping it (``kill -9`` of a campaign) is found
+and stopped by the next server started for the same store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 from mlflow.tracking import MlflowClient
 
 DEFAULT_STORE = "mlflow.db"
@@ -32,6 +39,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_record(backend_uri: str, artifacts: Path) -> Path:
+    """Where a local server of this store records itself: beside a SQLite file, else in its artifacts."""
+    if backend_uri.startswith("sqlite:///"):
+        return Path(backend_uri.removeprefix("sqlite:///") + ".server.json")
+    return artifacts / "server.json"
+
+
+def stop_stale_server(record: Path, log=print) -> None:
+    """Stop the server a record names if the process that started it is gone (it was killed
+    before it could stop its server); a live owner's server is left alone."""
+    try:
+        info = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return
+    if psutil.pid_exists(info.get("owner", -1)):
+        return
+    try:
+        proc = psutil.Process(info["pid"])
+        if info["backend_uri"] not in " ".join(proc.cmdline()):
+            raise psutil.NoSuchProcess(info["pid"])  # the pid was reused by something else
+        pgid = os.getpgid(info["pid"])
+    except (psutil.Error, ProcessLookupError, KeyError):
+        record.unlink(missing_ok=True)
+        return
+    log(
+        f"stopping a stale MLflow server (pid {info['pid']}, port {info.get('port')}) "
+        "left by an interrupted run of this store"
+    )
+    os.killpg(pgid, signal.SIGTERM)
+    _, alive = psutil.wait_procs([proc], timeout=20)
+    if alive:
+        os.killpg(pgid, signal.SIGKILL)
+    record.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def local_server(
     backend_uri: str,
@@ -47,6 +89,8 @@ def local_server(
     In front of SQLite it gives many processes one writer, so none sees "database is locked"."""
     port = port or free_port()
     artifacts.mkdir(parents=True, exist_ok=True)
+    record = server_record(backend_uri, artifacts)
+    stop_stale_server(record, log)
     cmd = [
         sys.executable,
         "-m",
@@ -80,6 +124,9 @@ def local_server(
             if time.time() > deadline:
                 raise RuntimeError(f"mlflow server did not answer on {url} within 120 s")
             time.sleep(0.5)
+        tmp = record.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"pid": proc.pid, "port": port, "owner": os.getpid(), "backend_uri": backend_uri}))
+        tmp.replace(record)
         log(f"MLflow tracking server {url} (store {backend_uri})")
         yield url
     finally:
@@ -89,6 +136,9 @@ def local_server(
         except subprocess.TimeoutExpired:
             proc.kill()
         logf.close()
+        with contextlib.suppress(OSError, ValueError):
+            if json.loads(record.read_text()).get("pid") == proc.pid:
+                record.unlink()
 
 
 class MlflowSink:

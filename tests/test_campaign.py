@@ -356,3 +356,37 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
             for key in ("train/loss", "train/reward", "train/time/generation_seconds"):
                 assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
             assert "report" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
+    """kill -9 of the process that started a local server leaves the server running (its own
+    process group); the next server for the same store finds it through its record and stops it."""
+    from runners.tracking import local_server, server_record
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    starter = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from runners.tracking import local_server\n"
+            "with local_server(sys.argv[1], Path(sys.argv[2]), log=lambda m: None):\n"
+            "    time.sleep(600)",
+            store,
+            str(tmp_path / "art-a"),
+        ],
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    record = server_record(store, tmp_path / "art-a")
+    deadline = time.time() + 120
+    while not record.is_file() and time.time() < deadline:
+        time.sleep(0.5)
+    stale_pid = json.loads(record.read_text())["pid"]
+    starter.kill()  # SIGKILL: no finally block runs
+    starter.wait()
+    assert psutil.pid_exists(stale_pid)  # the fault: the server outlives its campaign
+    said = []
+    with local_server(store, tmp_path / "art-b", log=said.append) as url:
+        assert not psutil.pid_exists(stale_pid) or psutil.Process(stale_pid).status() == psutil.STATUS_ZOMBIE
+        assert any("stopping a stale MLflow server" in m and str(stale_pid) in m for m in said)
+        assert MlflowClient(url).search_experiments()  # the new one serves the store
+    assert not record.exists()  # a clean stop leaves no record
