@@ -165,21 +165,50 @@ class MlflowSink:
             self.last_train_step = step
 
 
+def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, log=print) -> str:
+    """A run with history and nothing whole to resume from starts over under a new identity: its
+    files move to ``run_dir/abandoned-<time>/``, its MLflow run is ended as FAILED and loses its
+    ``prl.run_id`` tag (kept, tagged ``prl.abandoned_for``), and a new MLflow run with the same
+    name, parent, tags and params takes its place. Returns the new run's id."""
+    old = client.get_run(run_id)
+    keep = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.") or k in ("mlflow.parentRunId",)}
+    new = client.create_run(old.info.experiment_id, run_name=old.info.run_name, tags=keep)
+    for k, v in old.data.params.items():
+        client.log_param(new.info.run_id, k, v)
+    aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for name in ("metrics.jsonl", "samples.jsonl", "checkpoints", "best", "done.json"):
+        if (run_dir / name).exists():
+            (run_dir / name).rename(aside / name)
+    client.set_tag(run_id, "prl.abandoned_for", new.info.run_id)
+    client.set_tag(run_id, "prl.abandoned_reason", reason[:4000])
+    client.delete_tag(run_id, "prl.run_id")
+    client.set_terminated(run_id, "FAILED")
+    log(f"{reason}: starting it over as MLflow run {new.info.run_id}; the old files are in {aside}")
+    return new.info.run_id
+
+
 def tracked_train(recipe, run_dir: Path, log=print) -> dict:
     """``runners.train.train`` inside the MLflow run named by ``MLFLOW_RUN_ID`` (set by the campaign).
 
     System metrics are on; the run's files (metrics, recipe, best checkpoint record, sample
-    completions) become artifacts; the ``prl.done`` tag marks a finished run.
+    completions) become artifacts; the ``prl.done`` tag marks a finished run. A run that cannot
+    be resumed without splicing its history starts over as a new MLflow run (``start_over``).
     """
     import mlflow
 
-    from runners.train import train
+    from runners.train import ResumeError, train
 
     client = MlflowClient()
     run_id = os.environ["MLFLOW_RUN_ID"]
-    with mlflow.start_run(run_id=run_id, log_system_metrics=True):
-        sink = MlflowSink(client, run_id)
-        final = train(recipe, run_dir, sinks=[sink], log=log)
+    try:
+        with mlflow.start_run(run_id=run_id, log_system_metrics=True):
+            final = train(recipe, run_dir, sinks=[MlflowSink(client, run_id)], log=log)
+    except ResumeError as e:
+        run_id = start_over(client, run_id, run_dir, e.reason, log=log)
+        with mlflow.start_run(run_id=run_id, log_system_metrics=True):
+            final = train(recipe, run_dir, sinks=[MlflowSink(client, run_id)], log=log)
+    with mlflow.start_run(run_id=run_id):
         for name in ("metrics.jsonl", "recipe.yaml", "samples.jsonl", "best/best.json"):
             if (run_dir / name).is_file():
                 mlflow.log_artifact(str(run_dir / name))

@@ -3,8 +3,12 @@
 ``train(recipe, run_dir)`` builds (or loads) the model, the data and the
 ``ScaleRLTrainer``, evaluates mean@16 on held-out prompts at step 0 and every
 ``eval.every`` optimizer steps, and records each evaluation with the compute spent so
-far. A killed run resumes from its last checkpoint; evaluations already recorded are not
-recorded twice.
+far. A killed run resumes from its newest complete and readable checkpoint (one whose
+``prl_state.json``, written last, is there and whose weight and state files are whole), saying
+which one and why newer ones were skipped; evaluations already recorded are not recorded
+twice. A run that has history but no such checkpoint is never restarted from step 0 into that
+history: ``ResumeError`` says so (``tracking.tracked_train`` then starts it over as a new
+MLflow run).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import math
 import os
 import shutil
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +26,7 @@ from typing import Any
 import torch
 from datasets import Dataset, disable_progress_bars
 from transformers import PrinterCallback, TrainerCallback, set_seed
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
@@ -37,6 +42,52 @@ from runners.trainer import ScaleRLTrainer
 
 STATE_FILE = "prl_state.json"
 MetricsSink = Callable[[dict[str, float], int], None]
+
+
+class ResumeError(RuntimeError):
+    """A run has history but nothing whole to resume from: restarting would splice two runs."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}. Delete the run folder (and its MLflow run) to start it over")
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why a checkpoint file is not whole (None when it is): a safetensors file shorter than its
+    header says, or a torch.save zip without its central directory (written last)."""
+    try:
+        if path.suffix == ".safetensors":
+            with path.open("rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            size = path.stat().st_size
+            return None if size >= 8 + n + end else f"{path.name} truncated ({size} of {8 + n + end} bytes)"
+        if path.suffix in (".pt", ".pth", ".bin"):
+            return None if zipfile.is_zipfile(path) else f"{path.name} truncated (not a whole torch file)"
+        if path.suffix == ".json":
+            json.loads(path.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path.name} unreadable"
+    return None
+
+
+def last_complete_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that is complete and readable, and why each newer one was skipped."""
+    found = sorted(
+        (p for p in ckpt_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+        reverse=True,
+    )
+    skipped = []
+    for ckpt in found:
+        problem = None if (ckpt / STATE_FILE).is_file() else f"no {STATE_FILE} (its save was interrupted)"
+        for f in sorted(ckpt.iterdir()):
+            problem = problem or _file_problem(f)
+        if problem is None:
+            return ckpt, skipped
+        skipped.append(f"{ckpt.name}: {problem}")
+    return None, skipped
 
 
 def reward_setup(recipe: Recipe) -> tuple[list, list[float]]:
@@ -175,7 +226,10 @@ class Progress(TrainerCallback):
     def on_save(self, args, state, control, **kw):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if ckpt.is_dir() and self.trainer.accelerator.is_main_process:
-            (ckpt / STATE_FILE).write_text(json.dumps(self.state_dict()))
+            # written last, atomically: its presence marks the checkpoint complete
+            tmp = ckpt / f"{STATE_FILE}.tmp"
+            tmp.write_text(json.dumps(self.state_dict()))
+            tmp.replace(ckpt / STATE_FILE)
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and self.trainer.accelerator.is_main_process:
@@ -261,14 +315,20 @@ def train(
     progress.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # Progress prints one line per evaluation instead
     progress.n_params = sum(p.numel() for p in trainer.model.parameters())
-    last = get_last_checkpoint(str(ckpt_dir)) if ckpt_dir.is_dir() else None
-    if last is not None and (Path(last) / STATE_FILE).is_file():
-        progress.load_state_dict(json.loads((Path(last) / STATE_FILE).read_text()))
+    last, skipped = last_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else (None, [])
+    for why in skipped:
+        log(f"[{recipe.name}] skipping {why}")
+    if last is not None:
+        progress.load_state_dict(json.loads((last / STATE_FILE).read_text()))
         log(f"[{recipe.name}] resuming from {last}")
-    else:
-        last = None
+    elif progress.logged_steps - {0}:
+        raise ResumeError(
+            f"{run_dir} has metrics up to step {max(progress.logged_steps)} but no complete checkpoint to resume "
+            f"from{' (' + '; '.join(skipped) + ')' if skipped else ''}; restarting from step 0 would splice a new "
+            "run into its history"
+        )
     try:
-        trainer.train(resume_from_checkpoint=last)
+        trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     except torch.OutOfMemoryError as e:
         raise RecipeError(
             f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is "

@@ -390,3 +390,99 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
         assert any("stopping a stale MLflow server" in m and str(stale_pid) in m for m in said)
         assert MlflowClient(url).search_experiments()  # the new one serves the store
     assert not record.exists()  # a clean stop leaves no record
+
+
+# --- resume never splices two runs (#13 item 1) ---------------------------------------------
+
+
+def _tiny_recipe(steps: int):
+    from runners.recipe import load_recipe
+
+    return load_recipe("scalerl", {**TINY, "train.steps": steps, "train.save_every": 2, "eval.every": 2})
+
+
+def _metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_truncated_newest_checkpoint_is_skipped_for_the_intact_one(tiny_base, tmp_path):
+    from runners.train import train
+
+    run = tmp_path / "run"
+    whole = train(_tiny_recipe(4), run, log=lambda m: None)
+    weights = run / "checkpoints" / "checkpoint-4" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a kill mid-write
+    said = []
+    again = train(_tiny_recipe(4), run, log=said.append)
+    assert any("skipping checkpoint-4: model.safetensors truncated" in m for m in said)
+    assert any(m.endswith("resuming from " + str(run / "checkpoints" / "checkpoint-2")) for m in said)
+    assert again["compute/samples"] == whole["compute/samples"] == 4 * 8  # restored counters, not doubled
+    assert [r["step"] for r in _metric_rows(run)] == [0, 2, 4]  # every evaluation once
+
+
+def test_history_without_a_complete_checkpoint_is_not_restarted_into(tiny_base, tmp_path):
+    from runners.train import ResumeError, train
+
+    run = tmp_path / "run"
+    train(_tiny_recipe(4), run, log=lambda m: None)
+    for state in (run / "checkpoints").glob("checkpoint-*/prl_state.json"):
+        state.unlink()  # killed between the model file and the state file, both times
+    with pytest.raises(ResumeError, match=r"metrics up to step 4 but no complete checkpoint.*no prl_state.json"):
+        train(_tiny_recipe(4), run, log=lambda m: None)
+
+
+def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(store, tmp_path):
+    path = write_campaign(tmp_path / "over.yaml", "start-over", 4, {})
+    assert not run_campaign(path, log=lambda m: None)["failures"]
+    client = MlflowClient(store)
+    exp_id = client.get_experiment_by_name("start-over").experiment_id
+    (old,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
+    client.delete_tag(old.info.run_id, "prl.done")  # an interrupted run ...
+    for state in (tmp_path / "artifacts").glob("campaigns/start-over/*/checkpoints/*/prl_state.json"):
+        state.unlink()  # ... whose checkpoints were all cut short
+    assert not run_campaign(path, log=lambda m: None)["failures"]
+    (new,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
+    assert new.info.run_id != old.info.run_id and new.data.tags["prl.done"] == "1"
+    abandoned = client.get_run(old.info.run_id)
+    assert abandoned.data.tags["prl.abandoned_for"] == new.info.run_id and abandoned.info.status == "FAILED"
+    assert history_steps(client, new.info.run_id, "val/mean_at_16") == [0, 2, 4]
+    assert history_steps(client, new.info.run_id, "train/loss") == [1, 2, 3, 4]
+    assert list((tmp_path / "artifacts").glob("campaigns/start-over/*/abandoned-*/metrics.jsonl"))
+
+
+def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
+    """Fault injection: a real campaign killed (SIGKILL, whole tree) at random instants, around
+    checkpoint saves included, then re-run until done. The finished run must look like an
+    uninterrupted one: every step once, steps and compute monotone, the full step count."""
+    import random
+
+    rng = random.Random(13)
+    path = write_campaign(tmp_path / "faults.yaml", "faults", 8, {})
+    cmd = [sys.executable, "-m", "runners", "campaign", str(path), "--no-fit"]
+    client = MlflowClient(store)
+    kills = 0
+    for _ in range(4):
+        ckpts = tmp_path / "artifacts" / "campaigns" / "faults"
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+        # wait for training to be under way (a checkpoint folder, or a first one about to be), then a random delay
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and not list(ckpts.glob("*/metrics.jsonl")):
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0.0, 6.0))
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+            kills += 1
+        proc.wait()
+    summary = run_campaign(path, log=lambda m: None)
+    assert not summary["failures"] and kills >= 2
+    exp_id = client.get_experiment_by_name("faults").experiment_id
+    (run,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
+    rid = run.info.run_id
+    assert run.data.tags["prl.done"] == "1"
+    assert history_steps(client, rid, "val/mean_at_16") == [0, 2, 4, 6, 8]
+    assert history_steps(client, rid, "train/loss") == list(range(1, 9))
+    for key in ("compute/samples", "compute/gpu_hours", "compute/tokens"):
+        hist = sorted(client.get_metric_history(rid, key), key=lambda m: m.step)
+        values = [m.value for m in hist]
+        assert values == sorted(values) and len(set(m.step for m in hist)) == len(hist), key
+    assert [m.value for m in sorted(client.get_metric_history(rid, "compute/samples"), key=lambda m: m.step)][-1] == 64
