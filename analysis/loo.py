@@ -126,6 +126,10 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             "points": len(g),
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
         }
+        spliced = _spliced(g, x)
+        if spliced:
+            rows.append({**row, "note": f"no fit: {spliced}"})
+            continue
         try:
             f, fc = _forecast_variant(g, cfg, a_grid, n_boot)
         except FitError as e:
@@ -174,6 +178,22 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
         table["B_at_shared_A"] = b_shared
     table = _flag_identical_curves(curves, table, x)
     return table, {"fits": fits, "forecasts": fcs}
+
+
+def _spliced(g: pd.DataFrame, x: str) -> str | None:
+    """Why a variant's curves cannot be fitted because a seed's compute falls as its step rises
+    (two runs spliced into one history), or None."""
+    for seed, gs in g.sort_values("step").groupby("seed"):
+        values = gs[x].to_numpy()
+        drop = np.flatnonzero(np.diff(values) < 0)
+        if len(drop):
+            i = drop[0]
+            steps = gs["step"].to_numpy()
+            return (
+                f"seed {seed}: {x} goes backwards ({values[i]:.4g} at step {steps[i]}, {values[i + 1]:.4g} at step "
+                f"{steps[i + 1]}): two runs spliced into one history"
+            )
+    return None
 
 
 def _flag_identical_curves(curves: pd.DataFrame, table: pd.DataFrame, x: str) -> pd.DataFrame:

@@ -196,7 +196,30 @@ def find_anomalies(h: dict[str, pd.Series], n_val_prompts: int = 0) -> list[Find
     if "val/mean_at_16" in h:
         found += validation_regressions(h["val/mean_at_16"], n_val_prompts)
     found += nonfinite(h)
+    for key in COMPUTE_KEYS:
+        if key in h:
+            found += compute_backwards(h[key], key)
     return found
+
+
+COMPUTE_KEYS = ("compute/gpu_hours", "compute/samples", "compute/tokens", "compute/flops")
+
+
+def compute_backwards(compute: pd.Series, key: str) -> list[Finding]:
+    """Compute spent so far can only grow with the step; a drop means two runs were spliced into one."""
+    s = compute.sort_index()
+    drops = s.index[1:][np.diff(s.to_numpy()) < 0]
+    if not len(drops):
+        return []
+    step = drops[0]
+    prev = s.index[s.index.get_loc(step) - 1]
+    return [
+        Finding(
+            "compute goes backwards",
+            f"{key} {s[prev]:.4g} at step {prev}, then {s[step]:.4g} at step {step}: this history holds two runs "
+            "spliced together (a restart into an existing run); its curve cannot be fitted",
+        )
+    ]
 
 
 # --- plots and the report ----------------------------------------------------------------

@@ -137,3 +137,20 @@ def test_report_cli_names_a_missing_run(tmp_path):
         text=True,
     )
     assert res.returncode == 2 and "no run with id or name 'nosuch/seed0'" in res.stderr
+
+
+def test_a_spliced_run_whose_compute_goes_backwards_is_not_fitted():
+    df = curves({"baseline": (2542, 1.92, 0.61), "fp32=off": (2542, 1.92, 0.61)})
+    bad = (df["variant"] == "fp32=off") & (df["seed"] == 1) & (df["step"] >= 40)
+    df.loc[bad, X] = df.loc[bad, X] - 9000.0  # a restart from step 0 logged into the same run
+    table, extra = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    note = table.set_index("variant").loc["fp32=off", "note"]
+    assert "goes backwards" in note and "seed 1" in note and "fp32=off" not in extra["fits"]
+
+
+def test_run_report_flags_compute_that_goes_backwards():
+    from analysis.report import find_anomalies
+
+    h = {"compute/gpu_hours": pd.Series([0.0, 14.6, 8.4, 9.0], index=[0, 38, 40, 42])}
+    (finding,) = find_anomalies(h)
+    assert finding.kind == "compute goes backwards" and "14.6 at step 38" in finding.text
