@@ -9,6 +9,7 @@ resumes from its checkpoint into the same MLflow run.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
 import json
 import os
@@ -19,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runners.basemodel import BUILD_VERSION
-from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, recipe_from_dict
+from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "campaigns"
 ID_TAG = "prl.run_id"
@@ -74,17 +73,22 @@ def load_campaign(ref: str | Path) -> Campaign:
             known = ", ".join(sorted(x.stem for x in CAMPAIGNS_DIR.glob("*.yaml")))
             raise RecipeError(f"campaign {ref!r} not found (known campaigns: {known})")
         p = cand
-    data = yaml.safe_load(p.read_text()) or {}
-    unknown = set(data) - CAMPAIGN_KEYS
+    data = read_yaml(p, "campaign")
+    unknown = sorted(set(data) - CAMPAIGN_KEYS)
     if unknown:
-        raise RecipeError(f"{p}: unknown campaign key(s) {sorted(unknown)}; valid: {sorted(CAMPAIGN_KEYS)}")
+        close = difflib.get_close_matches(str(unknown[0]), CAMPAIGN_KEYS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        valid = ", ".join(sorted(CAMPAIGN_KEYS))
+        raise RecipeError(f"{p}: unknown campaign key {unknown[0]!r}{hint} Valid keys: {valid}")
     for req in ("name", "baseline"):
         if req not in data:
             raise RecipeError(f"{p}: missing required key {req!r}")
+    _check_types(p, data)
     axes = {}
     for name, spec in (data.pop("axes", None) or {}).items():
         if not isinstance(spec, dict) or set(spec) != {"key", "values"} or not isinstance(spec["values"], list):
             raise RecipeError(f"{p}: axis {name!r} needs {{key: dotted.recipe.key, values: [...]}}, got {spec!r}")
+        _no_repeats(p, f"axis {name!r} values", spec["values"])
         axes[name] = Axis(spec["key"], spec["values"])
     camp = Campaign(path=p, axes=axes, **data)
     if camp.kind not in ("loo", "forward"):
@@ -94,6 +98,39 @@ def load_campaign(ref: str | Path) -> Campaign:
     if camp.kind == "forward" and len(axes) != 1:
         raise RecipeError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
     return camp
+
+
+def _check_types(p: Path, data: dict[str, Any]) -> None:
+    """Types of the campaign's keys, before anything runs: one line naming the key and the fix."""
+    for key in ("name", "baseline", "kind", "backend"):
+        if key in data and not isinstance(data[key], str):
+            raise RecipeError(f"{p}: {key} = {data[key]!r}: expected a string")
+    for key in ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries"):
+        v = data.get(key)
+        if key in data and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "max_retries" else 1)):
+            raise RecipeError(f"{p}: {key} = {v!r}: expected a whole number >= {0 if key == 'max_retries' else 1}")
+    for key in ("seeds", "baseline_seeds"):
+        v = data.get(key)
+        if v is None and key == "baseline_seeds":
+            continue
+        if key in data and (
+            not isinstance(v, list) or not v or any(isinstance(s, bool) or not isinstance(s, int) for s in v)
+        ):
+            raise RecipeError(f"{p}: {key} = {v!r}: expected a list of integers, e.g. [0, 1]")
+        if key in data:
+            _no_repeats(p, key, v)
+    for key in ("overrides", "fit", "axes"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise RecipeError(f"{p}: {key} = {data[key]!r}: expected a mapping")
+
+
+def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
+    """A repeated seed or axis value would name the same run twice."""
+    seen: list[Any] = []
+    for v in values:
+        if any(_same(v, s) for s in seen):
+            raise RecipeError(f"{p}: {what} lists {v!r} twice; each value names one run")
+        seen.append(v)
 
 
 def code_version() -> str:

@@ -190,13 +190,16 @@ def _resolve_recipe_path(ref: str, base: Path | None) -> Path:
     raise RecipeError(f"recipe {ref!r} not found (looked in {RECIPES_DIR}; known recipes: {known})")
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, what: str = "recipe") -> dict[str, Any]:
+    """A YAML mapping from a file, or one clear line on what is wrong with it."""
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise RecipeError(f"{path}: not valid YAML: {e}") from None
+        raise RecipeError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        raise RecipeError(f"{path}: the {what} file is empty")
     if not isinstance(data, dict):
-        raise RecipeError(f"{path}: a recipe must be a mapping of sections, got {type(data).__name__}")
+        raise RecipeError(f"{path}: a {what} must be a mapping of keys, got {type(data).__name__}")
     return data
 
 
@@ -215,7 +218,7 @@ def raw_recipe(ref: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     path = _resolve_recipe_path(str(ref), _seen[-1] if _seen else None)
     if path in _seen:
         raise RecipeError(f"{path}: inheritance cycle through {' → '.join(p.name for p in _seen)}")
-    data = _read_yaml(path)
+    data = read_yaml(path)
     parent = data.pop("inherit", None)
     if parent is None:
         return data

@@ -486,3 +486,40 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
         values = [m.value for m in hist]
         assert values == sorted(values) and len(set(m.step for m in hist)) == len(hist), key
     assert [m.value for m in sorted(client.get_metric_history(rid, "compute/samples"), key=lambda m: m.step)][-1] == 64
+
+
+@pytest.mark.parametrize(
+    "text,msg",
+    [
+        ("name: x\nbaseline: scalerl\naxes: {loss: {key: algorithm.loss, values: [dapo,]\n", "not valid YAML"),
+        ("", "campaign file is empty"),
+        ("- name: x\n", "must be a mapping"),
+        ("name: x\nbaseline: scalerl\nseeds: 0\n", r"seeds = 0: expected a list of integers"),
+        ("name: x\nbaseline: scalerl\nseeds: [0, 1, 0]\n", "seeds lists 0 twice"),
+        ("name: x\nbaseline: scalerl\nparallel: two\n", "parallel = 'two': expected a whole number"),
+        ("name: x\nbaseline: scalerl\nseed: [0]\n", "unknown campaign key 'seed'; did you mean 'seeds'"),
+        (
+            "name: x\nbaseline: scalerl\naxes: {loss: {key: algorithm.loss, values: [dapo, gspo, dapo]}}\n",
+            "axis 'loss' values lists 'dapo' twice",
+        ),
+    ],
+)
+def test_bad_campaign_files_get_one_clear_line(tmp_path, text, msg):
+    from runners.recipe import RecipeError
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(RecipeError, match=msg):
+        load_campaign(path)
+    r = subprocess.run(
+        [sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True, text=True
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
+
+
+def test_an_empty_recipe_file_is_refused(tmp_path):
+    from runners.recipe import RecipeError, load_recipe
+
+    (tmp_path / "empty.yaml").write_text("\n")
+    with pytest.raises(RecipeError, match="recipe file is empty"):
+        load_recipe(tmp_path / "empty.yaml")
