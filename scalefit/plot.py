@@ -30,7 +30,8 @@ def plot_fits(
     confidence band (dark) and prediction band (light); held-out points as open circles.
 
     A fit whose forecast is not yet predictable is drawn as points with a dotted curve and the
-    verdict in its label. Compute is on a log scale, as in the paper.
+    verdict in its label; a fit whose optimum sits on a grid edge as points only. Compute is on a
+    log scale, as in the paper.
     """
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (name, f) in enumerate(fits.items()):
@@ -45,6 +46,9 @@ def plot_fits(
             ax.scatter(
                 f.heldout_compute, f.heldout_value, s=20, facecolors="none", edgecolors=color, label=f"{name}: held out"
             )
+        if f.a_at_edge or f.cmid_at_edge:  # no identified optimum: its curve would be a grid artefact
+            ax.scatter([], [], s=10, color=color, label=f"{name}: no identifiable fit (optimum on a grid edge)")
+            continue
         fc = forecasts.get(name) if forecasts else None
         ok = fc is None or fc.verdict is None or fc.verdict.predictable
         label = f"{name}: A={f.A:.3f} B={f.B:.2f} C_mid={f.C_mid:.3g}"

@@ -320,3 +320,23 @@ def test_compare_names_the_run_that_cannot_be_fitted(tmp_path):
     pd.concat(frames).to_csv(csv, index=False)
     r = _run_cli("compare", str(csv), "--x", "h", "--y", "m", "--baseline", "base", check=False)
     assert r.returncode == 2 and "flat: no sigmoid gain" in r.stderr
+
+
+def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from scalefit.plot import plot_fits
+
+    c, v = synthetic_curve(2542, 1.92, 0.95, c_max=16_000.0, seed=1)
+    with pytest.warns(UserWarning):
+        edge = fit_sigmoid(c, v, cmid_grid=PAPER_CMID_GRID)  # A on the top of the default grid
+    ok = fit_sigmoid(*synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=2), cmid_grid=PAPER_CMID_GRID)
+    saved = {}
+    monkeypatch.setattr(plt, "close", lambda fig: saved.setdefault("fig", fig))
+    plot_fits({"edge": edge, "ok": ok}, tmp_path / "p.png")
+    ax = saved["fig"].axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any(label.startswith("ok: A=") for label in labels)
+    assert not any(label.startswith("edge: A=") for label in labels)  # no curve for the edge fit
+    assert "edge: no identifiable fit (optimum on a grid edge)" in ax.get_legend_handles_labels()[1]
+    assert ax.get_xscale() == "log"
