@@ -23,6 +23,7 @@ CURVE_METRICS = (
     "compute/tokens",
     "compute/flops",
 )
+WALL_CLOCK = "compute/gpu_hours"
 DEFAULT_FIT = {
     "x": "compute/samples",
     "exclude_below": None,
@@ -84,6 +85,12 @@ def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
     if not 0.0 < float(cfg["level"]) < 1.0:
         raise ValueError(f"fit.level must lie in (0, 1), e.g. 0.9; got {cfg['level']}")
     a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
+    if cfg["x"] == WALL_CLOCK:
+        warnings.warn(
+            f"fit.x = {WALL_CLOCK} is wall-clock time: on a shared or loaded machine it measures the load as well "
+            "as the recipe (identical learning curves can fit different B); compute/samples or compute/tokens do not",
+            stacklevel=3,
+        )
     return cfg, a_grid
 
 

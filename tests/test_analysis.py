@@ -154,3 +154,9 @@ def test_run_report_flags_compute_that_goes_backwards():
     h = {"compute/gpu_hours": pd.Series([0.0, 14.6, 8.4, 9.0], index=[0, 38, 40, 42])}
     (finding,) = find_anomalies(h)
     assert finding.kind == "compute goes backwards" and "14.6 at step 38" in finding.text
+
+
+def test_fitting_against_wall_clock_warns_about_shared_machines():
+    df = curves({"baseline": (2542, 1.92, 0.61)})
+    with pytest.warns(UserWarning, match="wall-clock time: on a shared or loaded machine"):
+        fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50)
