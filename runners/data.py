@@ -44,5 +44,7 @@ def load_rows(recipe: Recipe, tokenizer) -> tuple[list[dict], list[dict]]:
             train = [r for i, r in enumerate(rows) if i not in held and r["problem"] not in val_problems]
         train = [{**r, "prompt": _prompt(r["problem"], tokenizer)} for r in train]
         val = [{**r, "prompt": _prompt(r["problem"], tokenizer)} for r in val]
+    if d.train_prompts is not None:  # a small pool is revisited within the budget (No-Positive-Resampling acts)
+        train = train[: d.train_prompts]
     train = [{"prompt": r["prompt"], "answer": r["answer"], "prompt_id": i} for i, r in enumerate(train)]
     return train, val[: recipe.eval.prompts]

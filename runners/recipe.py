@@ -44,6 +44,7 @@ class DataConfig:
     problem_field: str = "problem"
     answer_field: str = "answer"
     task: ArithmeticTask = field(default_factory=ArithmeticTask)  # the embedded task and its difficulty
+    train_prompts: int | None = None  # RL trains on the first N training prompts (None: all); the base model still sees all
     reward: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0})
 
 
@@ -354,6 +355,15 @@ def validate(r: Recipe) -> None:
         f"got size={m.size!r}, path={m.path!r}",
     )
     _require(m.size is None or m.size in SIZES, f"model.size = {m.size!r}: choose one of {', '.join(SIZES)}")
+    tp = r.data.train_prompts
+    _require(
+        tp is None or tp >= r.batch.prompts,
+        f"data.train_prompts = {tp}: must be at least batch.prompts = {r.batch.prompts} (one step's prompts)",
+    )
+    _require(
+        tp is None or r.data.path is not None or tp <= r.data.task.n_train,
+        f"data.train_prompts = {tp}: the embedded task has only data.task.n_train = {r.data.task.n_train}",
+    )
     _require(bool(r.data.reward), "data.reward: name at least one reward, e.g. {exact_match: 1.0}")
     for name, w in r.data.reward.items():
         _require(name in REWARDS, f"data.reward.{name}: unknown reward; choose from {', '.join(REWARDS)}")
