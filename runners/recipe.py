@@ -44,7 +44,7 @@ class DataConfig:
     problem_field: str = "problem"
     answer_field: str = "answer"
     task: ArithmeticTask = field(default_factory=ArithmeticTask)  # the embedded task and its difficulty
-    train_prompts: int | None = None  # RL trains on the first N training prompts (None: all); the base model still sees all
+    train_prompts: int | None = None  # RL draws from the first N training prompts (None: all); SFT uses all
     reward: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0})
 
 

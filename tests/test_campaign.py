@@ -88,6 +88,48 @@ def test_loo_expansion_changes_exactly_one_axis(tmp_path):
     assert [s.variant for s in expand(camp, "zvf")] == ["baseline", "baseline", "zvf=off", "zvf=off"]
 
 
+def test_controls_change_exactly_their_keys_and_bad_ones_are_refused(tmp_path):
+    from runners.recipe import RecipeError
+
+    controls = {"lr_half": {"optim.lr": 5e-5}, "short": {"length.think_budget": [6, 6], "optim.lr": 2e-4}}
+    camp = load_campaign(write_campaign(tmp_path / "c.yaml", "c", 4, {}, controls=controls))
+    specs = expand(camp)
+    assert [s.variant for s in specs] == ["baseline", "control=lr_half", "control=short"]
+    base = specs[0].recipe.flat()
+    for spec, over in zip(specs[1:], controls.values(), strict=True):
+        diff = {k for k, v in spec.recipe.flat().items() if base[k] != v} - {"name"}
+        assert diff == set(over) and spec.axis == "control"
+    assert [s.variant for s in expand(camp, only_axis=None)][1:] == ["control=lr_half", "control=short"]
+    for bad, msg in (
+        ({"x": {"optim.rate": 1e-5}}, "control 'x': 'optim.rate' is not a recipe key"),
+        ({"x": {"algorithm.loss": "cispo"}}, "control 'x' changes nothing"),
+        ({"x": []}, r"control 'x' needs \{dotted.recipe.key: value"),
+    ):
+        with pytest.raises(RecipeError, match=msg):
+            expand(load_campaign(write_campaign(tmp_path / "bad.yaml", "bad", 4, {}, controls=bad)))
+
+
+def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_path):
+    path = write_campaign(
+        tmp_path / "b.yaml",
+        "build-once",
+        2,
+        {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}},
+        parallel=2,
+    )
+    doc = json.loads(path.read_text())
+    doc["overrides"]["data.task.n_train"] = 3000  # a task no other test has built a base model for
+    path.write_text(json.dumps(doc))
+    lines: list[str] = []
+    summary = run_campaign(path, log=lines.append)
+    assert not summary["failures"]
+    builds = [x for x in lines if x.startswith("building base model")]
+    assert len(builds) == 1 and "once for 2 run(s)" in builds[0]
+    assert lines.index(builds[0]) < min(i for i, x in enumerate(lines) if " start " in x)
+    for log in (tmp_path / "artifacts/campaigns/build-once").glob("*/run.log"):
+        assert "building base model" not in log.read_text()  # neither run built its own
+
+
 def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
     path = write_campaign(
         tmp_path / "tiny.yaml",

@@ -56,11 +56,27 @@ def test_inheritance_and_overrides(tmp_path):
         ({"eval.prompts": 500}, r"eval.prompts = 500 exceeds data.task.n_val = 200"),
         ({"length.think_budget": [40, 24]}, r"length.think_budget = \[40, 24\]"),
         ({"data.task.max_operands": "four"}, r"data.task.max_operands = 'four': expected an integer"),
+        ({"data.train_prompts": 8}, r"data.train_prompts = 8: must be at least batch.prompts = 16"),
+        ({"data.train_prompts": 30000}, r"data.train_prompts = 30000: the embedded task has only data.task.n_train"),
     ],
 )
 def test_bad_recipes_fail_with_the_key_and_fix(overrides, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe("scalerl", overrides)
+
+
+def test_train_prompts_limits_the_rl_pool_but_not_the_base_model():
+    from runners.basemodel import build_key
+    from runners.data import load_rows
+    from runners.tokenizer import build_tokenizer
+
+    full, small = load_recipe("scalerl"), load_recipe("scalerl", {"data.train_prompts": 100})
+    tok = build_tokenizer()
+    train_full, val_full = load_rows(full, tok)
+    train_small, val_small = load_rows(small, tok)
+    assert len(train_small) == 100 and train_small == train_full[:100]  # the first 100, ids kept
+    assert val_small == val_full
+    assert build_key("small", small.data.task) == build_key("small", full.data.task)  # same base model
 
 
 def test_missing_recipe_lists_known_ones():
