@@ -64,7 +64,8 @@ import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make i
 	$(BIN)/python -m runners import $(SRC) $(if $(ARTIFACTS),--artifacts $(ARTIFACTS))
 
 ablation: $(STAMP) ## run a LOO campaign and fit it: make ablation [CAMPAIGN=loo-cpu] [AXIS=loss]
-	$(BIN)/python -m runners campaign $(CAMPAIGN) $(if $(AXIS),--axis $(AXIS))
+	@$(BIN)/python -m runners campaign $(CAMPAIGN) $(if $(AXIS),--axis $(AXIS)); rc=$$?; \
+	  [ $$rc -gt 1 ] && exit $$rc; $(BIN)/python -m analysis fit $(CAMPAIGN) || exit $$?; exit $$rc
 
 fit: $(STAMP) ## fit a campaign from MLflow → artifacts/campaigns/NAME/fit/{loo_table.md,curves.csv,loo_curves.png}
 	$(BIN)/python -m analysis fit $(CAMPAIGN)
@@ -80,8 +81,9 @@ ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5
 plan: $(STAMP) ## print the batch plan of a recipe: make plan [RECIPE=scalerl]
 	$(BIN)/python -m runners plan $(RECIPE)
 
-train: $(STAMP) ## one run of a recipe: make train [RECIPE=scalerl]
-	$(BIN)/python -m runners train $(RECIPE)
+train: $(STAMP) ## one run of a recipe, tracked in MLflow (experiment 'runs'), then its report: make train [RECIPE=scalerl]
+	$(BIN)/python -m runners train $(RECIPE) --experiment runs
+	$(BIN)/python -m analysis report latest --experiment runs
 
 base-model: $(STAMP) ## build (or find cached) the embedded base model of a recipe
 	$(BIN)/python -m runners base-model $(RECIPE)

@@ -32,14 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         "entropy, clip ratios, lengths and truncation, tokens, validation against compute, time and memory "
         "by phase) with the anomalies found and the numbers behind them; log them to the run under report/.",
     )
-    r.add_argument("run", help="run id, or run name such as baseline/seed0")
+    r.add_argument("run", help="run id, run name such as baseline/seed0, or 'latest'")
     r.add_argument("--experiment", help="look the name up in this experiment (campaign) only")
     r.add_argument("--out", help="output folder (default artifacts/reports/NAME-ID)")
     r.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     args = p.parse_args(argv)
     if args.command == "report":
         from analysis.report import write_run_report
-        from runners.tracking import default_tracking_uri
+        from runners.store import default_tracking_uri
 
         try:
             path = write_run_report(
@@ -57,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from analysis.loo import to_markdown, write_fit, write_report
-    from runners.campaign import load_campaign
-    from runners.recipe import RecipeError
-    from runners.tracking import default_tracking_uri
+    from runners.campaign import CampaignError, load_campaign
+    from runners.store import default_tracking_uri
 
     try:
         camp = load_campaign(args.campaign)
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
             return 0
         write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
-    except (RecipeError, ValueError) as e:
+    except (CampaignError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -11,13 +11,15 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
+from runners import store
+from runners.store import MEAN_AT_16, PASS_AT_16
 from scalefit import FitError, Forecast, compare_fits, fit_sigmoid, forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
 
 CURVE_METRICS = (
-    "val/mean_at_16",
-    "val/pass_at_16",
+    MEAN_AT_16,
+    PASS_AT_16,
     "compute/gpu_hours",
     "compute/samples",
     "compute/tokens",
@@ -37,16 +39,12 @@ DEFAULT_FIT = {
 def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
     """Every validation point of every run of a campaign (full metric history, not the last value)."""
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(campaign)
-    if exp is None:
+    exp_id = store.experiment_id(client, campaign)
+    if exp_id is None:
         raise ValueError(f"no MLflow experiment named {campaign!r} at {client.tracking_uri}; run the campaign first")
-    runs = client.search_runs([exp.experiment_id], filter_string="tags.`prl.run_id` != ''", max_results=5000)
     frames = []
-    for run in runs:
-        cols = {}
-        for key in CURVE_METRICS:
-            hist = client.get_metric_history(run.info.run_id, key)
-            cols[key] = pd.Series({m.step: m.value for m in hist}, dtype=float)
+    for run in store.identified_runs(client, exp_id).values():
+        cols = {key: store.history(client, run.info.run_id, key) for key in CURVE_METRICS}
         df = pd.DataFrame(cols).rename_axis("step").reset_index()
         if df["compute/samples"].isna().all():  # runs logged before compute/samples existed
             df["compute/samples"] = _samples_by_step(df["step"], run.data.params)
@@ -54,12 +52,12 @@ def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
             continue
         tags = run.data.tags
         df.insert(0, "run", run.info.run_name)
-        df.insert(1, "variant", tags.get("prl.variant", ""))
-        df.insert(2, "axis", tags.get("prl.axis", ""))
-        df.insert(3, "seed", int(tags.get("prl.seed", 0)))
+        df.insert(1, "variant", tags.get(store.VARIANT, ""))
+        df.insert(2, "axis", tags.get(store.AXIS, ""))
+        df.insert(3, "seed", int(tags.get(store.SEED, 0)))
         df["run_id"] = run.info.run_id
-        df["done"] = tags.get("prl.done") == "1"
-        frames.append(df.dropna(subset=["val/mean_at_16"]))
+        df["done"] = store.is_done(run)
+        frames.append(df.dropna(subset=[MEAN_AT_16]))
     if not frames:
         raise ValueError(f"campaign {campaign!r} has no validation curves yet")
     cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done"]
@@ -96,7 +94,7 @@ def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
 
 def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int, fit_upto=None, target=None):
     """Fit one variant, seeds pooled (each seed its own correlated series), and forecast it."""
-    x, y = cfg["x"], "val/mean_at_16"
+    x, y = cfg["x"], MEAN_AT_16
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fit carries its warnings
         f = fit_sigmoid(
@@ -121,7 +119,7 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
     a grid edge gets "cannot decide", never a winner.
     """
     cfg, a_grid = _fit_config(fit)
-    x, y = cfg["x"], "val/mean_at_16"
+    x, y = cfg["x"], MEAN_AT_16
     fits: dict[str, Any] = {}
     fcs: dict[str, Forecast] = {}
     rows = []
@@ -209,10 +207,10 @@ def _flag_identical_curves(curves: pd.DataFrame, table: pd.DataFrame, x: str) ->
     if "baseline" not in set(curves["variant"]):
         return table
     key = ["seed", "step"]
-    base = curves[curves["variant"] == "baseline"].set_index(key)["val/mean_at_16"]
+    base = curves[curves["variant"] == "baseline"].set_index(key)[MEAN_AT_16]
     same = []
     for v in table["variant"]:
-        g = curves[curves["variant"] == v].set_index(key)["val/mean_at_16"]
+        g = curves[curves["variant"] == v].set_index(key)[MEAN_AT_16]
         common = base.index.intersection(g.index)
         same.append(v != "baseline" and len(common) == len(g) > 0 and bool(np.allclose(base[common], g[common])))
     table["identical_to_baseline"] = same
@@ -291,7 +289,7 @@ def extrapolation_check(
     put to the test: a curve fitted early predicts late.
     """
     cfg, a_grid = _fit_config(fit)
-    x, y = cfg["x"], "val/mean_at_16"
+    x, y = cfg["x"], MEAN_AT_16
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
         by_seed = g.sort_values(x).groupby("seed")
@@ -327,13 +325,33 @@ def runs_markdown(curves: pd.DataFrame, client: MlflowClient) -> str:
     lines = ["| run | variant | seed | last mean@16 | report |", "|---|---|---|---|---|"]
     for run_id, g in curves.groupby("run_id", sort=False):
         g = g.sort_values("step")
-        tag = client.get_run(run_id).data.tags.get("prl.report")
+        tag = client.get_run(run_id).data.tags.get(store.REPORT)
         link = f"`runs:/{run_id}/{tag}`" if tag else "none (`make report RUN=" + run_id + "`)"
         lines.append(
             f"| {g['run'].iloc[0]} | {g['variant'].iloc[0]} | {g['seed'].iloc[0]} | "
-            f"{g['val/mean_at_16'].iloc[-1]:.3f} | {link} |"
+            f"{g[MEAN_AT_16].iloc[-1]:.3f} | {link} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def write_missing_reports(curves: pd.DataFrame, client: MlflowClient, out: Path, log=print) -> int:
+    """Each finished run without a written report gets one (``analysis.report``), logged to the run;
+    a report that fails is named, and the rest go on. Returns how many were written."""
+    from analysis.report import write_run_report
+
+    written = 0
+    for run_id, g in curves[curves["done"]].groupby("run_id", sort=False):
+        if client.get_run(run_id).data.tags.get(store.REPORT):
+            continue
+        name = f"{g['variant'].iloc[0]}-seed{g['seed'].iloc[0]}".replace("=", "-").replace("/", "-")
+        try:
+            write_run_report(run_id, out / name, tracking_uri=client.tracking_uri)
+            written += 1
+        except Exception as e:  # noqa: BLE001 - one run's plots must not stop the campaign's table
+            log(f"warning: no report for run {run_id} ({type(e).__name__}: {e})")
+    if written:
+        log(f"run reports: {written} written under {out}/ and logged to their runs")
+    return written
 
 
 def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None, title: str = "") -> pd.DataFrame:
@@ -371,12 +389,12 @@ def write_report(
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, fit, title=campaign)
     client = MlflowClient(tracking_uri)
+    write_missing_reports(curves, client, out / "reports", log=log)
     (out / "runs.md").write_text(runs_markdown(curves, client))
     log(to_markdown(table))
     if parent_run_id is None:
-        exp = client.get_experiment_by_name(campaign)
-        found = client.search_runs([exp.experiment_id], filter_string="tags.`prl.kind` = 'campaign'", max_results=1)
-        parent_run_id = found[0].info.run_id if found else None
+        parent = store.parent_run(client, store.experiment_id(client, campaign))
+        parent_run_id = parent.info.run_id if parent else None
     if parent_run_id:
         for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png", "extrapolation.csv", "runs.md"):
             if (out / name).is_file():

@@ -17,6 +17,9 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from runners import store
+from runners.store import MEAN_AT_16, PASS_AT_16
+
 TRUNCATION_LIMIT = 0.10  # the paper's instability signal: more than 10% of completions hit the length limit
 ENTROPY_COLLAPSE = 0.10  # entropy below 10% of its starting level
 SPIKE_MADS = 5.0  # a reward point this many robust deviations from its neighbourhood is a dip or spike
@@ -55,9 +58,23 @@ class Finding:
 
 
 def resolve_run(client: MlflowClient, ref: str, experiment: str | None = None) -> Run:
-    """A run by id, or by name (``baseline/seed0``) within one experiment or all of them."""
+    """A run by id, by name (``baseline/seed0``) within one experiment or all of them, or
+    ``latest``: the newest run that carries an identity."""
     if re.fullmatch(r"[0-9a-f]{32}", ref):
         return client.get_run(ref)
+    if ref == "latest":
+        exps = [client.get_experiment_by_name(experiment)] if experiment else client.search_experiments()
+        ids = [e.experiment_id for e in exps if e is not None]
+        newest = (
+            client.search_runs(
+                ids, f"tags.`{store.RUN_ID}` != ''", max_results=1, order_by=["attributes.start_time DESC"]
+            )
+            if ids
+            else []
+        )
+        if not newest:
+            raise ValueError(f"no runs in {experiment or 'any experiment'} at {client.tracking_uri}")
+        return newest[0]
     exps = [client.get_experiment_by_name(experiment)] if experiment else client.search_experiments()
     if experiment and exps[0] is None:
         raise ValueError(f"no experiment named {experiment!r} at {client.tracking_uri}")
@@ -84,8 +101,7 @@ def histories(client: MlflowClient, run: Run) -> dict[str, pd.Series]:
     for key in run.data.metrics:
         if key.startswith("system/"):
             continue
-        hist = client.get_metric_history(run.info.run_id, key)
-        out[key] = pd.Series({m.step: m.value for m in hist}, dtype=float).sort_index()
+        out[key] = store.history(client, run.info.run_id, key)
     return out
 
 
@@ -193,8 +209,8 @@ def find_anomalies(h: dict[str, pd.Series], n_val_prompts: int = 0) -> list[Find
         found += truncation(h["train/completions/clipped_ratio"])
     if "train/entropy" in h:
         found += entropy_collapse(h["train/entropy"])
-    if "val/mean_at_16" in h:
-        found += validation_regressions(h["val/mean_at_16"], n_val_prompts)
+    if MEAN_AT_16 in h:
+        found += validation_regressions(h[MEAN_AT_16], n_val_prompts)
     found += nonfinite(h)
     for key in COMPUTE_KEYS:
         if key in h:
@@ -303,7 +319,7 @@ def write_run_report(
     if _plot(
         out / "validation.png",
         "Validation against compute",
-        {"mean@16": _against(h, "val/mean_at_16", x), "pass@16": _against(h, "val/pass_at_16", x)},
+        {"mean@16": _against(h, MEAN_AT_16, x), "pass@16": _against(h, PASS_AT_16, x)},
         xlabel=x,
     ):
         written.insert(0, "validation.png")
@@ -337,14 +353,14 @@ def write_run_report(
     ]
     md += ["", "## Overview", "", "| setting | value |", "|---|---|"]
     md += [f"| {k} | {p[k]} |" for k in KEY_SETTINGS if k in p and p[k] not in ("None", "")]
-    val = g("val/mean_at_16")
+    val = g(MEAN_AT_16)
     if val is not None and len(val):
         md += ["", "## Results", ""]
         md.append(
             f"- validation mean@16: {val.iloc[0]:.3f} at step {val.index[0]} → {val.iloc[-1]:.3f} at step "
             f"{val.index[-1]} (best {val.max():.3f} at step {val.idxmax()})"
         )
-        if "val/pass_at_16" in h:
+        if PASS_AT_16 in h:
             md.append(f"- pass@16: {h['val/pass_at_16'].iloc[0]:.3f} → {h['val/pass_at_16'].iloc[-1]:.3f}")
     for key, label, spec in (
         ("compute/gpu_hours", "device-hours of training", ".4f"),
@@ -372,5 +388,5 @@ def write_run_report(
     path.write_text("\n".join(md) + "\n")
     if log_to_run:
         client.log_artifacts(rid, str(out), "report")
-        client.set_tag(rid, "prl.report", "report/report.md")
+        client.set_tag(rid, store.REPORT, "report/report.md")
     return path

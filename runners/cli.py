@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from runners.campaign import CampaignError
 from runners.postgres import PostgresError
 from runners.recipe import RecipeError, load_recipe, parse_override
 
@@ -69,10 +70,16 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     log(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}")
     t0 = time.perf_counter()
-    if os.environ.get("MLFLOW_RUN_ID") and main_process:
+    if main_process and not args.untracked:
         from runners.tracking import tracked_train
 
+        if not os.environ.get("MLFLOW_RUN_ID"):  # a single run: its own MLflow run, like a campaign's child
+            os.environ["MLFLOW_RUN_ID"] = _single_run(recipe, run_dir, args.experiment)
         final = tracked_train(recipe, run_dir, log=log)
+        log(
+            f"MLflow run {final['run_id']} (experiment {args.experiment or 'a campaign'}); its report: "
+            f"python -m analysis report {final['run_id']}"
+        )
     else:
         final = train(recipe, run_dir, log=log)
     log(
@@ -80,6 +87,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{final['compute/gpu_hours']:.4f} device-hours"
     )
     return 0
+
+
+def _single_run(recipe, run_dir: Path, experiment: str) -> str:
+    """The MLflow run of a single tracked run: the one of the same identity and run folder (it
+    resumes, as the folder does), else a new one."""
+    from mlflow.tracking import MlflowClient
+
+    from runners import store
+    from runners.campaign import run_key
+    from runners.campaign_runs import new_run
+
+    client = MlflowClient(store.default_tracking_uri())
+    exp_id = store.experiment_id(client, experiment, create=True)
+    folder = str(run_dir.resolve())
+    key = run_key(recipe, run_dir=folder)
+    run = store.identified_runs(client, exp_id).get(key)
+    if run is None:
+        name = f"{recipe.name}/seed{recipe.train.seed}"
+        run = new_run(client, exp_id, recipe, name=name, run_key=key, tags={store.RUN_DIR: folder})
+    return run.info.run_id
 
 
 def cmd_base_model(args: argparse.Namespace) -> int:
@@ -96,31 +123,16 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from runners.campaign import run_campaign
+    from runners.campaign_runs import run_campaign
 
     t0 = time.perf_counter()
     summary = run_campaign(args.campaign, only_axis=args.axis, dry_run=args.dry_run, log=lambda m: print(m, flush=True))
     if args.dry_run:
         return 0
     failures = summary["failures"]
-    if not args.no_fit:
-        from analysis.loo import write_report
-
-        camp = summary["campaign"]
-        try:
-            write_report(
-                camp.name,
-                Path("artifacts/campaigns") / camp.name / "fit",
-                camp.fit,
-                tracking_uri=summary["tracking_uri"],
-                parent_run_id=summary["parent_run_id"],
-            )
-            print(f"run reports: {Path('artifacts/campaigns') / camp.name / 'fit' / 'runs.md'}")
-        except ValueError as e:
-            print(f"fit skipped: {e}")
     print(
         f"campaign finished: {summary['ran']} run(s) executed, {len(failures)} failed; "
-        f"wall time {time.perf_counter() - t0:.0f} s"
+        f"wall time {time.perf_counter() - t0:.0f} s. Fit it: python -m analysis fit {summary['campaign'].name}"
     )
     for spec, tail in failures:
         print(f"  FAILED {spec.variant} seed {spec.seed}:\n    " + tail.replace("\n", "\n    "))
@@ -128,7 +140,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from runners.tracking import default_tracking_uri
+    from runners.store import default_tracking_uri
     from runners.transfer import import_store
 
     src = args.source
@@ -199,6 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     t = add("train", cmd_train, "run one recipe end to end (resumes from its last checkpoint)")
     t.add_argument("--run-dir", help="output folder (default artifacts/runs/NAME-seedS)")
     t.add_argument(
+        "--experiment",
+        default="runs",
+        help="MLflow experiment of a single run (default 'runs'; a campaign's runs are its children)",
+    )
+    t.add_argument("--untracked", action="store_true", help="write metrics.jsonl only, no MLflow run")
+    t.add_argument(
         "--gpus",
         type=int,
         default=1,
@@ -211,14 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("base-model", cmd_base_model, "build (or find cached) the embedded base model of a recipe")
     c = sub.add_parser(
         "campaign",
-        help="run a campaign (baseline + LOO variants x seeds), then fit it",
-        description="Run every run of a campaign that is not done yet, tracked in MLflow, then fit "
-        "the LOO table. Re-running skips finished runs and resumes interrupted ones.",
+        help="run a campaign (baseline + LOO variants x seeds); fit it with python -m analysis fit",
+        description="Run every run of a campaign that is not done yet, tracked in MLflow (fit it with "
+        "`python -m analysis fit`, as `make ablation` does). Re-running skips finished runs and resumes "
+        "interrupted ones.",
     )
     c.add_argument("campaign", help="campaign file or name in experiments/campaigns (e.g. loo-cpu)")
     c.add_argument("--axis", help="run only the baseline's variants along this axis")
     c.add_argument("--dry-run", action="store_true", help="list every run, its identity and status; run nothing")
-    c.add_argument("--no-fit", action="store_true", help="skip the fit at the end")
     c.set_defaults(func=cmd_campaign)
     i = sub.add_parser(
         "import",
@@ -251,6 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RecipeError, FileNotFoundError, PostgresError) as e:
+    except (RecipeError, CampaignError, FileNotFoundError, PostgresError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

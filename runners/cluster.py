@@ -14,7 +14,9 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from runners.campaign import RunSpec
+from runners.local import Launch, tail
 
 
 class Preempted(RuntimeError):
@@ -26,20 +28,20 @@ def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> t
         proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd)
     if proc.returncode < 0:
         raise Preempted(f"run process killed by signal {-proc.returncode}")
-    from runners.campaign import _tail
-
-    return proc.returncode, _tail(Path(log_path))
+    return proc.returncode, tail(Path(log_path))
 
 
 def run_on_ray(
-    launches: list[tuple[Any, list[str], dict[str, str], Path]],
+    todo: list[RunSpec],
+    prepare: Callable[[RunSpec], Launch],
     *,
     address: str | None,
     gpus_per_run: int,
     max_retries: int,
     log: Callable[[str], None],
-) -> list[tuple[Any, str]]:
-    """Submit every ``(spec, cmd, env, run_dir)`` as a Ray task and wait; returns ``(spec, log tail)`` failures."""
+) -> list[tuple[RunSpec, str]]:
+    """Submit every run (``prepare(spec)`` gives its MLflow run and command) as a Ray task and wait;
+    returns ``(spec, log tail)`` failures, as ``runners.local.run_local`` does."""
     import ray
 
     if not ray.is_initialized():
@@ -51,10 +53,10 @@ def run_on_ray(
         num_cpus=1, num_gpus=gpus, max_retries=max_retries, retry_exceptions=[Preempted]
     )
     pending = {}
-    for spec, cmd, env, rdir in launches:
-        if gpus > 1:
-            cmd = [*cmd, "--gpus", str(gpus)]
-        ref = task.remote(cmd, env, str(Path.cwd()), str(rdir / "run.log"))
+    for spec in todo:
+        launch = prepare(spec)
+        cmd = [*launch.cmd, "--gpus", str(gpus)] if gpus > 1 else launch.cmd
+        ref = task.remote(cmd, launch.env, str(Path.cwd()), str(launch.run_dir / "run.log"))
         pending[ref] = spec
     failures, t0, done = [], time.perf_counter(), 0
     while pending:
@@ -67,8 +69,8 @@ def run_on_ray(
             code, tail = -1, f"{type(e).__name__}: {e}"
         elapsed = time.perf_counter() - t0
         if code == 0:
-            log(f"[{done}/{len(launches)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far, Ray)")
+            log(f"[{done}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far, Ray)")
         else:
             failures.append((spec, tail))
-            log(f"[{done}/{len(launches)}] FAILED {spec.variant} seed {spec.seed}: {tail.splitlines()[-1:]}")
+            log(f"[{done}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {tail.splitlines()[-1:]}")
     return failures

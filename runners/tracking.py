@@ -24,12 +24,7 @@ from pathlib import Path
 import psutil
 from mlflow.tracking import MlflowClient
 
-DEFAULT_STORE = "mlflow.db"
-
-
-def default_tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file in the working directory (MLflow's default backend)."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_STORE).resolve()}"
+from runners import store
 
 
 def free_port() -> int:
@@ -147,12 +142,12 @@ class MlflowSink:
     def __init__(self, client: MlflowClient, run_id: str) -> None:
         self.client, self.run_id = client, run_id
         self.last_train_step = max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=-1)
-        self.val_steps = {m.step for m in client.get_metric_history(run_id, "val/mean_at_16")}
+        self.val_steps = {m.step for m in client.get_metric_history(run_id, store.MEAN_AT_16)}
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
-        is_val = "val/mean_at_16" in metrics
+        is_val = store.MEAN_AT_16 in metrics
         if (is_val and step in self.val_steps) or (not is_val and step <= self.last_train_step):
             return
         now = int(time.time() * 1000)
@@ -168,7 +163,7 @@ class MlflowSink:
 def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, log=print) -> str:
     """A run with history and nothing whole to resume from starts over under a new identity: its
     files move to ``run_dir/abandoned-<time>/``, its MLflow run is ended as FAILED and loses its
-    ``prl.run_id`` tag (kept, tagged ``prl.abandoned_for``), and a new MLflow run with the same
+    identity tag (kept, tagged with the run that replaced it), and a new MLflow run with the same
     name, parent, tags and params takes its place. Returns the new run's id."""
     old = client.get_run(run_id)
     keep = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.") or k in ("mlflow.parentRunId",)}
@@ -180,20 +175,22 @@ def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, lo
     for name in ("metrics.jsonl", "samples.jsonl", "checkpoints", "best", "done.json"):
         if (run_dir / name).exists():
             (run_dir / name).rename(aside / name)
-    client.set_tag(run_id, "prl.abandoned_for", new.info.run_id)
-    client.set_tag(run_id, "prl.abandoned_reason", reason[:4000])
-    client.delete_tag(run_id, "prl.run_id")
+    client.set_tag(run_id, store.ABANDONED_FOR, new.info.run_id)
+    client.set_tag(run_id, store.ABANDONED_REASON, reason[:4000])
+    client.delete_tag(run_id, store.RUN_ID)
     client.set_terminated(run_id, "FAILED")
     log(f"{reason}: starting it over as MLflow run {new.info.run_id}; the old files are in {aside}")
     return new.info.run_id
 
 
 def tracked_train(recipe, run_dir: Path, log=print) -> dict:
-    """``runners.train.train`` inside the MLflow run named by ``MLFLOW_RUN_ID`` (set by the campaign).
+    """``runners.train.train`` inside the MLflow run named by ``MLFLOW_RUN_ID``.
 
     System metrics are on; the run's files (metrics, recipe, best checkpoint record, sample
-    completions) become artifacts; the ``prl.done`` tag marks a finished run. A run that cannot
-    be resumed without splicing its history starts over as a new MLflow run (``start_over``).
+    completions) become artifacts, the samples also an MLflow table; the done tag marks a
+    finished run. A run that cannot be resumed without splicing its history starts over as a
+    new MLflow run (``start_over``). Its written report is analysis's job (``python -m analysis
+    report``, or ``analysis fit`` for every run of a campaign).
     """
     import mlflow
 
@@ -212,17 +209,24 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
         for name in ("metrics.jsonl", "recipe.yaml", "samples.jsonl", "best/best.json"):
             if (run_dir / name).is_file():
                 mlflow.log_artifact(str(run_dir / name))
+        samples = samples_table(run_dir / "samples.jsonl")
+        if samples is not None:
+            mlflow.log_table(samples, artifact_file="samples_table.json")
         best = run_dir / "best" / "best.json"
         if best.is_file():
-            import json
-
-            mlflow.set_tag("prl.best_step", json.loads(best.read_text())["step"])
-        mlflow.set_tag("prl.done", "1")
-    try:  # the run's written report; a failure here must not fail a finished run
-        from analysis.report import write_run_report
-
-        report = write_run_report(run_id, run_dir / "report", tracking_uri=mlflow.get_tracking_uri())
-        log(f"[{recipe.name}] report → {report} (and the run's report/ artifacts)")
-    except Exception as e:  # noqa: BLE001
-        log(f"[{recipe.name}] warning: no run report ({type(e).__name__}: {e})")
+            mlflow.set_tag(store.BEST_STEP, json.loads(best.read_text())["step"])
+        mlflow.set_tag(store.DONE, "1")
+    final["run_id"] = run_id
     return final
+
+
+def samples_table(path: Path):
+    """``samples.jsonl`` as a DataFrame, one row per shown completion (step, prompt, answer,
+    completion), for MLflow's table view; None when there is none."""
+    if not path.is_file():
+        return None
+    import pandas as pd
+
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [{"step": r["step"], **sample} for r in records for sample in r.get("samples", [])]
+    return pd.DataFrame(rows) if rows else None

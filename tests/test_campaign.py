@@ -19,7 +19,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.campaign import expand, load_campaign, run_campaign
+from runners.campaign import CampaignError, expand, load_campaign
+from runners.campaign_runs import run_campaign
 from runners.tracking import free_port
 
 TINY = {
@@ -89,8 +90,6 @@ def test_loo_expansion_changes_exactly_one_axis(tmp_path):
 
 
 def test_controls_change_exactly_their_keys_and_bad_ones_are_refused(tmp_path):
-    from runners.recipe import RecipeError
-
     controls = {"lr_half": {"optim.lr": 5e-5}, "short": {"length.think_budget": [6, 6], "optim.lr": 2e-4}}
     camp = load_campaign(write_campaign(tmp_path / "c.yaml", "c", 4, {}, controls=controls))
     specs = expand(camp)
@@ -105,7 +104,7 @@ def test_controls_change_exactly_their_keys_and_bad_ones_are_refused(tmp_path):
         ({"x": {"algorithm.loss": "cispo"}}, "control 'x' changes nothing"),
         ({"x": []}, r"control 'x' needs \{dotted.recipe.key: value"),
     ):
-        with pytest.raises(RecipeError, match=msg):
+        with pytest.raises(CampaignError, match=msg):
             expand(load_campaign(write_campaign(tmp_path / "bad.yaml", "bad", 4, {}, controls=bad)))
 
 
@@ -126,6 +125,9 @@ def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_pat
     builds = [x for x in lines if x.startswith("building base model")]
     assert len(builds) == 1 and "once for 2 run(s)" in builds[0]
     assert lines.index(builds[0]) < min(i for i, x in enumerate(lines) if " start " in x)
+    for variant in ("baseline", "loss=dapo"):  # each run's progress reaches the console as it happens
+        steps = [x for x in lines if x.strip().startswith(f"{variant} seed 0: [") and "] step " in x]
+        assert len(steps) == 2 and "mean@16" in steps[-1], lines
     for log in (tmp_path / "artifacts/campaigns/build-once").glob("*/run.log"):
         assert "building base model" not in log.read_text()  # neither run built its own
 
@@ -161,14 +163,16 @@ def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
         assert hours[0] == 0.0 and hours[1] < hours[2]
         assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert {"metrics.jsonl", "samples.jsonl", "recipe.yaml", "report"} <= arts
-        report = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
-        assert {"report/report.md", "report/validation.png", "report/time_profile.png"} <= report
-        assert tags["prl.report"] == "report/report.md"
+        assert {"metrics.jsonl", "samples.jsonl", "samples_table.json", "recipe.yaml"} <= arts
+        assert "prl.report" not in tags  # runners produce runs; their reports are analysis's
         for key in ("train/time/generation_seconds", "train/time/update_seconds", "train/memory/host_peak_rss_gb"):
             assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
         assert history_steps(client, run.info.run_id, "train/nonfinite_values") == [1, 2, 3, 4]
     assert summary_fit_written(tmp_path / "artifacts" / "campaigns")
+    for run in children:  # the fit wrote each finished run's report and logged it to the run
+        report = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+        assert {"report/report.md", "report/validation.png", "report/time_profile.png"} <= report
+        assert client.get_run(run.info.run_id).data.tags["prl.report"] == "report/report.md"
     runs_md = (tmp_path / "artifacts" / "campaigns" / "fit" / "runs.md").read_text()
     assert runs_md.count("/report/report.md`") == 3
     again = run_campaign(path, log=lambda m: None)
@@ -195,7 +199,7 @@ def _kill_tree(pid: int) -> None:
 
 def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
     path = write_campaign(tmp_path / "kill.yaml", "kill-resume", 16, {})
-    cmd = [sys.executable, "-m", "runners", "campaign", str(path), "--no-fit"]
+    cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     client = MlflowClient(store)
     deadline = time.time() + 300
@@ -397,7 +401,7 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
             assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
             for key in ("train/loss", "train/reward", "train/time/generation_seconds"):
                 assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
-            assert "report" in {a.path for a in client.list_artifacts(run.info.run_id)}
+            assert "samples_table.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
 def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
@@ -500,7 +504,7 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
 
     rng = random.Random(13)
     path = write_campaign(tmp_path / "faults.yaml", "faults", 8, {})
-    cmd = [sys.executable, "-m", "runners", "campaign", str(path), "--no-fit"]
+    cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
     client = MlflowClient(store)
     kills = 0
     for _ in range(4):
@@ -547,11 +551,9 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
     ],
 )
 def test_bad_campaign_files_get_one_clear_line(tmp_path, text, msg):
-    from runners.recipe import RecipeError
-
     path = tmp_path / "bad.yaml"
     path.write_text(text)
-    with pytest.raises(RecipeError, match=msg):
+    with pytest.raises(CampaignError, match=msg):
         load_campaign(path)
     r = subprocess.run(
         [sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True, text=True

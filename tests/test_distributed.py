@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from runners.plan import trl_args
 from runners.recipe import RecipeError, load_recipe
@@ -30,7 +32,8 @@ TINY = [
 def run(tmp_path, name: str, gpus: int) -> list[dict]:
     cmd = [sys.executable, "-m", "runners", "train", "scalerl", *[f"--set={s}" for s in TINY]]
     cmd += ["--run-dir", str(tmp_path / name), "--gpus", str(gpus)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
@@ -47,6 +50,14 @@ def test_two_processes_match_one_process_semantics(tmp_path, tiny_base):
         r = recs[-1]
         assert r["compute/gpu_hours"] == pytest.approx(devices * r["compute/train_seconds"] / 3600, rel=1e-9)
     assert (tmp_path / "two" / "done.json").is_file()
+    # a single run is tracked like a campaign's: one MLflow run each (rank 0 only), finished, with its samples table
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("runs").experiment_id])
+    assert len(runs) == 2 and all(r.data.tags["prl.done"] == "1" for r in runs)
+    for r in runs:
+        assert sorted(m.step for m in client.get_metric_history(r.info.run_id, "val/mean_at_16")) == [0, 2]
+        assert "samples_table.json" in {a.path for a in client.list_artifacts(r.info.run_id)}
+        assert r.data.params["train.steps"] == "2" and r.data.tags["prl.run_id"]
 
 
 def test_world_size_splits_the_global_batch():

@@ -1,0 +1,153 @@
+"""Running a campaign: its runs' MLflow bookkeeping (an experiment per campaign, a parent run, a
+child run per variant x seed with the recipe as params), what is done and what is left, and
+handing the rest to a scheduler (``runners.local`` or ``runners.cluster``).
+
+Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
+its checkpoint into the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Param, Run
+from mlflow.tracking import MlflowClient
+
+from runners import store
+from runners.campaign import Campaign, RunSpec, code_version, expand, fmt_value, load_campaign
+from runners.local import Launch, command, run_local
+from runners.recipe import Recipe
+
+
+def status_of(run: Run | None) -> str:
+    if run is None:
+        return "to do"
+    if store.is_done(run):
+        return "done"
+    return {"RUNNING": "running", "FAILED": "failed", "KILLED": "failed"}.get(run.info.status, "interrupted")
+
+
+def run_campaign(
+    ref: str | Path,
+    *,
+    only_axis: str | None = None,
+    dry_run: bool = False,
+    runs_root: Path = Path("artifacts/campaigns"),
+    tracking_uri: str | None = None,
+    log=print,
+) -> dict[str, Any]:
+    """Run every to-do run of a campaign; returns a summary with failures."""
+    from runners.tracking import local_server
+
+    camp = load_campaign(ref)
+    specs = expand(camp, only_axis)
+    uri = tracking_uri or store.default_tracking_uri()
+    client = MlflowClient(uri)
+    exp_id = store.experiment_id(client, camp.name)
+    existing = store.identified_runs(client, exp_id) if exp_id else {}
+    log(f"campaign {camp.name}: {len(specs)} runs ({camp.kind}, seeds {camp.seeds}), tracking {uri}")
+    for s in specs:
+        log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
+    if dry_run:
+        return {"runs": len(specs), "dry_run": True}
+
+    exp_id = store.experiment_id(client, camp.name, create=True)
+    parent = _parent(client, exp_id, camp)
+    todo = [s for s in specs if status_of(existing.get(s.run_key)) != "done"]
+    log(f"{len(specs) - len(todo)} done, {len(todo)} to run")
+    t0 = time.perf_counter()
+    root = runs_root / camp.name
+    server = local_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") else None
+    with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
+        worker_client = MlflowClient(worker_uri)
+
+        def prepare(spec: RunSpec) -> Launch:  # the run's MLflow run (resumed if it exists, else a new child)
+            run = existing.get(spec.run_key) or new_run(
+                worker_client,
+                exp_id,
+                spec.recipe,
+                name=f"{spec.variant}/seed{spec.seed}",
+                run_key=spec.run_key,
+                tags=_campaign_tags(camp, spec, parent),
+            )
+            return command(spec, run.info.run_id, worker_uri, root)
+
+        if camp.backend == "ray":
+            from runners.cluster import run_on_ray
+
+            failures = run_on_ray(
+                todo,
+                prepare,
+                address=camp.ray_address,
+                gpus_per_run=camp.gpus_per_run,
+                max_retries=camp.max_retries,
+                log=log,
+            )
+        else:
+            failures = run_local(camp, todo, prepare, root, log)
+    client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
+    return {
+        "runs": len(specs),
+        "ran": len(todo),
+        "failures": failures,
+        "seconds": time.perf_counter() - t0,
+        "experiment_id": exp_id,
+        "parent_run_id": parent.info.run_id,
+        "tracking_uri": uri,
+        "campaign": camp,
+    }
+
+
+def new_run(client: MlflowClient, exp_id: str, recipe: Recipe, *, name: str, run_key: str, tags: dict[str, str]) -> Run:
+    """An MLflow run for a recipe: its identity and provenance as tags, the flattened recipe as params."""
+    provenance = {
+        store.RUN_ID: run_key,
+        store.CODE_VERSION: code_version(),
+        store.GIT_COMMIT: _git_commit(),
+        store.VERSIONS: _versions(),
+    }
+    run = client.create_run(exp_id, run_name=name, tags={**provenance, **tags})
+    batch = [Param(k, str(v)[:6000]) for k, v in recipe.flat().items()]
+    for i in range(0, len(batch), 100):
+        client.log_batch(run.info.run_id, params=batch[i : i + 100])
+    return run
+
+
+def _parent(client: MlflowClient, exp_id: str, camp: Campaign) -> Run:
+    found = store.parent_run(client, exp_id)
+    if found:
+        return found
+    run = client.create_run(exp_id, run_name=camp.name, tags={store.KIND: "campaign", store.CAMPAIGN: camp.name})
+    client.log_text(run.info.run_id, camp.path.read_text(), "campaign.yaml")
+    return run
+
+
+def _campaign_tags(camp: Campaign, spec: RunSpec, parent: Run) -> dict[str, str]:
+    return {
+        "mlflow.parentRunId": parent.info.run_id,
+        store.CAMPAIGN: camp.name,
+        store.VARIANT: spec.variant,
+        store.AXIS: spec.axis or "",
+        store.VALUE: fmt_value(spec.value) if spec.axis else "",
+        store.SEED: str(spec.seed),
+    }
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    return ",".join(f"{p}={version(p)}" for p in ("torch", "transformers", "trl", "mlflow"))

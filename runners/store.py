@@ -1,0 +1,76 @@
+"""The MLflow contract: the tag and metric names runs are written and read by, and the few
+queries everyone needs (the default store, a campaign's runs and its parent run, a metric's
+history as a pandas Series).
+
+Runners write through these names and analysis reads through them; no other module spells a
+``prl.*`` tag or the validation metric's name.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+DEFAULT_STORE = "mlflow.db"
+
+# Tags of a run (child of a campaign, or a single tracked run).
+RUN_ID = "prl.run_id"  # the run's identity: hash of the resolved recipe and the code identity
+DONE = "prl.done"  # "1" once training finished and its files are logged
+CAMPAIGN = "prl.campaign"
+VARIANT = "prl.variant"  # "baseline", "loss=dapo", "control=lr_half", ...
+AXIS = "prl.axis"
+VALUE = "prl.value"
+SEED = "prl.seed"
+CODE_VERSION = "prl.code_version"
+GIT_COMMIT = "prl.git_commit"
+VERSIONS = "prl.versions"
+BEST_STEP = "prl.best_step"
+RUN_DIR = "prl.run_dir"  # a single run's folder (part of its identity: the folder is what resumes)
+REPORT = "prl.report"  # artifact path of the run's written report
+ABANDONED_FOR = "prl.abandoned_for"  # a run that could not be resumed: the run that replaced it
+ABANDONED_REASON = "prl.abandoned_reason"
+# Tags of a campaign's parent run.
+KIND = "prl.kind"  # "campaign"
+
+# Metrics every run logs at step 0 and every eval.every steps.
+MEAN_AT_16 = "val/mean_at_16"
+PASS_AT_16 = "val/pass_at_16"
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI`` if set, else a SQLite file in the working directory (MLflow's default backend)."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_STORE).resolve()}"
+
+
+def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> str | None:
+    """The experiment of a campaign (one per campaign), created if asked."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    return client.create_experiment(name) if create else None
+
+
+def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:
+    """The runs of an experiment that carry an identity, by identity."""
+    runs = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID}` != ''", max_results=50000)
+    return {r.data.tags[RUN_ID]: r for r in runs}
+
+
+def parent_run(client: MlflowClient, exp_id: str) -> Run | None:
+    """A campaign's parent run, if it has one yet."""
+    found = client.search_runs([exp_id], filter_string=f"tags.`{KIND}` = 'campaign'", max_results=1)
+    return found[0] if found else None
+
+
+def is_done(run: Run | None) -> bool:
+    return run is not None and run.data.tags.get(DONE) == "1"
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> pd.Series:
+    """A metric's full history, indexed by step (the last value logged at a step wins)."""
+    hist = client.get_metric_history(run_id, key)
+    return pd.Series({m.step: m.value for m in hist}, dtype=float).sort_index()
