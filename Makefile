@@ -75,6 +75,7 @@ report: $(STAMP) ## a run's Markdown report with plots and anomalies: make repor
 	$(BIN)/python -m analysis report "$(RUN)" $(if $(filter-out loo-cpu,$(CAMPAIGN)),--experiment $(CAMPAIGN))
 
 ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5000]
+	@$(BIN)/python -m runners stop-stale-server --tracking-uri sqlite:///$(CURDIR)/mlflow.db
 	@echo "MLflow UI: http://127.0.0.1:$(PORT)  (store sqlite:///$(CURDIR)/mlflow.db)"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(PORT)
 

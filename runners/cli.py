@@ -139,6 +139,16 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def cmd_stale_server(args: argparse.Namespace) -> int:
+    from runners.store import default_tracking_uri
+    from runners.tracking import server_record, stop_stale_server
+
+    uri = args.tracking_uri or default_tracking_uri()
+    if uri.startswith("sqlite:///"):
+        stop_stale_server(server_record(uri, Path("artifacts")), log=print)
+    return 0
+
+
 def cmd_import(args: argparse.Namespace) -> int:
     from runners.store import default_tracking_uri
     from runners.transfer import import_store
@@ -249,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--experiment", action="append", help="only this experiment (repeatable; default all)")
     i.add_argument("--tracking-uri", help="destination (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     i.set_defaults(func=cmd_import)
+    st = sub.add_parser(
+        "stop-stale-server",
+        help="stop a tracking server that a killed campaign left running on the store (make ui runs this first)",
+    )
+    st.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    st.set_defaults(func=cmd_stale_server)
     ts = sub.add_parser(
         "tracking-server",
         help="a shared MLflow tracking server on PostgreSQL (started here) with an artifact root",

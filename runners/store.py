@@ -33,6 +33,8 @@ RUN_DIR = "prl.run_dir"  # a single run's folder (part of its identity: the fold
 REPORT = "prl.report"  # artifact path of the run's written report
 ABANDONED_FOR = "prl.abandoned_for"  # a run that could not be resumed: the run that replaced it
 ABANDONED_REASON = "prl.abandoned_reason"
+# MLflow's own experiment tag for which view its UI opens: training runs, not GenAI traces.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Tags of a campaign's parent run.
 KIND = "prl.kind"  # "campaign"
 
@@ -47,11 +49,15 @@ def default_tracking_uri() -> str:
 
 
 def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> str | None:
-    """The experiment of a campaign (one per campaign), created if asked."""
+    """The experiment of a campaign (one per campaign), created if asked, marked as one of training
+    runs so MLflow's UI opens its runs and charts (not the GenAI traces view)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if create and not exp.tags.get("mlflow.experimentKind"):
+            for k, v in EXPERIMENT_KIND.items():
+                client.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
-    return client.create_experiment(name) if create else None
+    return client.create_experiment(name, tags=EXPERIMENT_KIND) if create else None
 
 
 def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:

@@ -147,6 +147,7 @@ def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
 
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("tiny-loo")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens the training view
     parent = client.search_runs([exp.experiment_id], "tags.`prl.kind` = 'campaign'")[0]
     children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
     assert sorted(r.data.tags["prl.variant"] for r in children) == ["baseline", "loss=dapo", "sampling=uniform"]
@@ -404,12 +405,10 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
             assert "samples_table.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
 
 
-def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
-    """kill -9 of the process that started a local server leaves the server running (its own
-    process group); the next server for the same store finds it through its record and stops it."""
-    from runners.tracking import local_server, server_record
+def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int]:
+    """A local server whose campaign was killed with SIGKILL: (its record, its pid)."""
+    from runners.tracking import server_record
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     starter = subprocess.Popen(
         [
             sys.executable,
@@ -430,12 +429,42 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
     starter.kill()  # SIGKILL: no finally block runs
     starter.wait()
     assert psutil.pid_exists(stale_pid)  # the fault: the server outlives its campaign
+    return record, stale_pid
+
+
+def _gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
+    """kill -9 of the process that started a local server leaves the server running (its own
+    process group); the next server for the same store finds it through its record and stops it."""
+    from runners.tracking import local_server
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    record, stale_pid = _stale_server(tmp_path, store)
     said = []
     with local_server(store, tmp_path / "art-b", log=said.append) as url:
-        assert not psutil.pid_exists(stale_pid) or psutil.Process(stale_pid).status() == psutil.STATUS_ZOMBIE
+        assert _gone(stale_pid)
         assert any("stopping a stale MLflow server" in m and str(stale_pid) in m for m in said)
         assert MlflowClient(url).search_experiments()  # the new one serves the store
     assert not record.exists()  # a clean stop leaves no record
+
+
+def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _, stale_pid = _stale_server(tmp_path, store)
+    r = subprocess.run(
+        [sys.executable, "-m", "runners", "stop-stale-server", "--tracking-uri", store],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "stopping a stale MLflow server" in r.stdout and str(stale_pid) in r.stdout
+    deadline = time.time() + 10
+    while not _gone(stale_pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _gone(stale_pid)
 
 
 # --- resume never splices two runs (#13 item 1) ---------------------------------------------
