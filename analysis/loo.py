@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from runners import store
 from runners.store import MEAN_AT_16, PASS_AT_16
-from scalefit import FitError, Forecast, compare_fits, fit_sigmoid, forecast, seed_spread
+from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
 
@@ -94,21 +94,19 @@ def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
 
 def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int, fit_upto=None, target=None):
     """Fit one variant, seeds pooled (each seed its own correlated series), and forecast it."""
-    x, y = cfg["x"], MEAN_AT_16
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the fit carries its warnings
-        f = fit_sigmoid(
-            g[x], g[y], exclude_below=cfg["exclude_below"], fit_upto=fit_upto, a_grid=a_grid, runs=g["seed"]
-        )
-    fc = forecast(
-        f,
-        level=cfg["level"],
+    return fit_and_forecast(
+        g[cfg["x"]],
+        g[MEAN_AT_16],
+        runs=g["seed"],
+        fit_upto=fit_upto,
+        exclude_below=cfg["exclude_below"],
+        a_grid=a_grid,
         target=target,
+        level=cfg["level"],
         eval_prompts=cfg["eval_prompts"],
         margin=cfg["margin"],
         n_resamples=n_boot,
     )
-    return f, fc
 
 
 def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:

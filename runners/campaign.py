@@ -29,6 +29,52 @@ class CampaignError(ValueError):
     """A campaign file, its expansion or its launch is wrong; the message names the fix."""
 
 
+STOP_FILE = "STOP"  # in a run's folder: the run ends at its next step, at a checkpoint (runners.adaptive)
+X = "compute/samples"  # adaptive decisions compare budgets in completions generated, whatever the machine load
+
+
+@dataclass
+class Adaptive:
+    """A campaign's ``adaptive:`` section: decision points (fractions of the budget), the
+    comparison margin and the risk of a wrong stop (``runners.adaptive`` acts on it)."""
+
+    at: list[float]
+    margin: float = 0.02
+    risk: float = 0.05
+    eval_prompts: int | None = None
+    a_grid: str = "0.05:1.0:0.005"
+    n_resamples: int = 400
+
+    @classmethod
+    def parse(cls, spec: Any, fit: dict[str, Any]) -> Adaptive:
+        if not isinstance(spec, dict) or "at" not in spec:
+            raise CampaignError(f"adaptive = {spec!r}: expected {{at: [0.25, 0.5], margin: 0.02, risk: 0.05}}")
+        unknown = set(spec) - {"at", "margin", "risk"}
+        if unknown:
+            raise CampaignError(f"adaptive: unknown key {sorted(unknown)[0]!r}; keys: at, margin, risk")
+        at = spec["at"]
+        if (
+            not isinstance(at, list)
+            or not at
+            or any(isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < 1 for f in at)
+        ):
+            raise CampaignError(f"adaptive.at = {at!r}: expected fractions of the budget in (0, 1), e.g. [0.25, 0.5]")
+        margin, risk = spec.get("margin", fit.get("margin", 0.02)), spec.get("risk", 0.05)
+        if not isinstance(risk, int | float) or not 0 < risk < 0.5:
+            raise CampaignError(f"adaptive.risk = {risk!r}: expected a probability in (0, 0.5), e.g. 0.05")
+        if not isinstance(margin, int | float) or margin < 0:
+            raise CampaignError(f"adaptive.margin = {margin!r}: expected a number >= 0, e.g. 0.02")
+        if fit.get("x", X) != X:
+            raise CampaignError(f"adaptive campaigns decide on fit.x = {X}; this campaign fits {fit['x']}")
+        return cls(
+            sorted(float(f) for f in at),
+            float(margin),
+            float(risk),
+            fit.get("eval_prompts"),
+            fit.get("a_grid", cls.a_grid),
+        )
+
+
 @dataclass
 class Axis:
     key: str  # dotted recipe key, e.g. algorithm.loss
@@ -47,6 +93,7 @@ class Campaign:
     axes: dict[str, Axis] = field(default_factory=dict)
     controls: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {dotted key: value, ...}
     fit: dict[str, Any] = field(default_factory=dict)
+    adaptive: Adaptive | None = None  # decision points at which variants the scaling law rules out stop
     parallel: int = 1  # concurrent runs on CPU
     runs_per_gpu: int = 1
     gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
@@ -100,7 +147,13 @@ def load_campaign(ref: str | Path) -> Campaign:
     for name, over in controls.items():
         if not isinstance(over, dict) or not over:
             raise CampaignError(f"{p}: control {name!r} needs {{dotted.recipe.key: value, ...}}, got {over!r}")
-    camp = Campaign(path=p, axes=axes, controls=controls, **data)
+    adaptive = data.pop("adaptive", None)
+    if adaptive is not None:
+        try:
+            adaptive = Adaptive.parse(adaptive, data.get("fit") or {})
+        except CampaignError as e:
+            raise CampaignError(f"{p}: {e}") from None
+    camp = Campaign(path=p, axes=axes, controls=controls, adaptive=adaptive, **data)
     if camp.kind not in ("loo", "forward"):
         raise CampaignError(f"{p}: kind = {camp.kind!r}; choose loo or forward")
     if camp.backend not in ("local", "ray"):

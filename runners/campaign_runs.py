@@ -18,8 +18,8 @@ from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
 from runners import store
-from runners.campaign import Campaign, RunSpec, code_version, expand, fmt_value, load_campaign
-from runners.local import Launch, command, run_local
+from runners.campaign import STOP_FILE, Campaign, RunSpec, code_version, expand, fmt_value, load_campaign
+from runners.local import Launch, command, run_folder, run_local
 from runners.recipe import Recipe
 
 
@@ -28,6 +28,8 @@ def status_of(run: Run | None) -> str:
         return "to do"
     if store.is_done(run):
         return "done"
+    if store.is_stopped(run):
+        return "stopped"
     return {"RUNNING": "running", "FAILED": "failed", "KILLED": "failed"}.get(run.info.status, "interrupted")
 
 
@@ -38,9 +40,12 @@ def run_campaign(
     dry_run: bool = False,
     runs_root: Path = Path("artifacts/campaigns"),
     tracking_uri: str | None = None,
+    resume_stopped: bool = False,
     log=print,
 ) -> dict[str, Any]:
-    """Run every to-do run of a campaign; returns a summary with failures."""
+    """Run every to-do run of a campaign; returns a summary with failures (and, for an adaptive
+    campaign, the compute its stops saved). Runs an adaptive campaign stopped stay stopped unless
+    ``resume_stopped``: then they continue from their last checkpoint to the full budget."""
     from runners.tracking import local_server
 
     camp = load_campaign(ref)
@@ -57,24 +62,48 @@ def run_campaign(
 
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
-    todo = [s for s in specs if status_of(existing.get(s.run_key)) != "done"]
-    log(f"{len(specs) - len(todo)} done, {len(todo)} to run")
-    t0 = time.perf_counter()
     root = runs_root / camp.name
+    skip = {"done"} if resume_stopped else {"done", "stopped"}
+    todo = [s for s in specs if status_of(existing.get(s.run_key)) not in skip]
+    resumed: set[str] = set()  # variants the user resumed past an adaptive stop: not decided on again
+    if resume_stopped:
+        for s in todo:
+            if status_of(existing.get(s.run_key)) == "stopped":
+                (run_folder(root, s) / STOP_FILE).unlink(missing_ok=True)
+                client.set_tag(existing[s.run_key].info.run_id, store.STOPPED, "0")
+                resumed.add(s.variant)
+    n_stopped = sum(status_of(existing.get(s.run_key)) == "stopped" for s in specs) if not resume_stopped else 0
+    log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
+    t0 = time.perf_counter()
     server = local_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") else None
     with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
         worker_client = MlflowClient(worker_uri)
 
-        def prepare(spec: RunSpec) -> Launch:  # the run's MLflow run (resumed if it exists, else a new child)
-            run = existing.get(spec.run_key) or new_run(
-                worker_client,
-                exp_id,
-                spec.recipe,
-                name=f"{spec.variant}/seed{spec.seed}",
-                run_key=spec.run_key,
-                tags=_campaign_tags(camp, spec, parent),
-            )
-            return command(spec, run.info.run_id, worker_uri, root)
+        def mlflow_run(spec: RunSpec) -> Run:  # resumed if it exists, else a new child
+            if spec.run_key not in existing:
+                existing[spec.run_key] = new_run(
+                    worker_client,
+                    exp_id,
+                    spec.recipe,
+                    name=f"{spec.variant}/seed{spec.seed}",
+                    run_key=spec.run_key,
+                    tags=_campaign_tags(camp, spec, parent),
+                )
+            return existing[spec.run_key]
+
+        def prepare(spec: RunSpec) -> Launch:
+            return command(spec, mlflow_run(spec).info.run_id, worker_uri, root)
+
+        monitor = None
+        if camp.adaptive is not None and not only_axis:
+            from runners.adaptive import Monitor
+
+            members: dict[str, list] = {}
+            for spec in specs:  # every run of the campaign gets its MLflow run now: decisions need them all
+                members.setdefault(spec.variant, []).append(
+                    (mlflow_run(spec).info.run_id, run_folder(root, spec), float(spec.recipe.planned_samples))
+                )
+            monitor = Monitor(camp.adaptive, worker_client, members, log=log, exempt=resumed)
 
         if camp.backend == "ray":
             from runners.cluster import run_on_ray
@@ -86,9 +115,21 @@ def run_campaign(
                 gpus_per_run=camp.gpus_per_run,
                 max_retries=camp.max_retries,
                 log=log,
+                monitor=monitor,
             )
         else:
-            failures = run_local(camp, todo, prepare, root, log)
+            failures = run_local(camp, todo, prepare, root, log, monitor=monitor)
+        saved = None
+        if monitor is not None:
+            monitor(force=True)
+            saved = monitor.saved()
+            log(
+                f"adaptive: {len(monitor.stopped)} variant(s) stopped; compute not spent: "
+                f"{saved['samples_saved']:.0f} completions ({saved['share_saved']:.0%} of the campaign), "
+                f"~{saved['device_hours_saved']:.3f} device-hours"
+            )
+            for k, v in saved.items():
+                worker_client.log_metric(parent.info.run_id, f"adaptive/{k}", v)
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
         "runs": len(specs),
@@ -99,6 +140,7 @@ def run_campaign(
         "parent_run_id": parent.info.run_id,
         "tracking_uri": uri,
         "campaign": camp,
+        "adaptive": saved,
     }
 
 

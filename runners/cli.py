@@ -126,7 +126,13 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     from runners.campaign_runs import run_campaign
 
     t0 = time.perf_counter()
-    summary = run_campaign(args.campaign, only_axis=args.axis, dry_run=args.dry_run, log=lambda m: print(m, flush=True))
+    summary = run_campaign(
+        args.campaign,
+        only_axis=args.axis,
+        dry_run=args.dry_run,
+        resume_stopped=args.resume_stopped,
+        log=lambda m: print(m, flush=True),
+    )
     if args.dry_run:
         return 0
     failures = summary["failures"]
@@ -246,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("campaign", help="campaign file or name in experiments/campaigns (e.g. loo-cpu)")
     c.add_argument("--axis", help="run only the baseline's variants along this axis")
+    c.add_argument(
+        "--resume-stopped",
+        action="store_true",
+        help="continue runs an adaptive campaign stopped, from their last checkpoint to the full budget",
+    )
     c.add_argument("--dry-run", action="store_true", help="list every run, its identity and status; run nothing")
     c.set_defaults(func=cmd_campaign)
     i = sub.add_parser(

@@ -39,6 +39,7 @@ def run_on_ray(
     gpus_per_run: int,
     max_retries: int,
     log: Callable[[str], None],
+    monitor: Callable[[], None] | None = None,
 ) -> list[tuple[RunSpec, str]]:
     """Submit every run (``prepare(spec)`` gives its MLflow run and command) as a Ray task and wait;
     returns ``(spec, log tail)`` failures, as ``runners.local.run_local`` does."""
@@ -60,7 +61,11 @@ def run_on_ray(
         pending[ref] = spec
     failures, t0, done = [], time.perf_counter(), 0
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1)
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
+        if monitor is not None:
+            monitor()
+        if not ready:
+            continue
         spec = pending.pop(ready[0])
         done += 1
         try:

@@ -43,9 +43,13 @@ class _Running:
     partial: str = field(default="")
 
 
+def run_folder(root: Path, spec: RunSpec) -> Path:
+    return (root / f"{spec.variant.replace('=', '-')}-seed{spec.seed}-{spec.run_key}").resolve()
+
+
 def command(spec: RunSpec, run_id: str, uri: str, root: Path) -> Launch:
     """The run's folder (recipe written) and its ``python -m runners train`` command."""
-    rdir = (root / f"{spec.variant.replace('=', '-')}-seed{spec.seed}-{spec.run_key}").resolve()
+    rdir = run_folder(root, spec)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "recipe.yaml").write_text(spec.recipe.to_yaml())
     cmd = [sys.executable, "-m", "runners", "train", str(rdir / "recipe.yaml"), "--run-dir", str(rdir)]
@@ -127,8 +131,10 @@ def run_local(
     prepare: Callable[[RunSpec], Launch],
     root: Path,
     log: Callable[[str], None],
+    monitor: Callable[[], None] | None = None,
 ) -> list[tuple[RunSpec, str]]:
-    """Run ``todo`` as local processes, as many at once as there are slots; returns the failures."""
+    """Run ``todo`` as local processes, as many at once as there are slots; returns the failures.
+    ``monitor`` (an adaptive campaign's decisions) is called between polls."""
     free = slots(camp) if todo else []
     if todo:
         build_base_models(todo, root, free[0], log)
@@ -145,6 +151,8 @@ def run_local(
                 + (f" on cuda:{device}" if device is not None else "")
             )
         time.sleep(1.0)
+        if monitor is not None:
+            monitor()
         for r in list(running):
             _echo_progress(r, log)
             if r.proc.poll() is None:

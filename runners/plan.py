@@ -113,7 +113,7 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
         ("optimizer steps in the run", f"{r.train.steps}", f"max_steps = {r.train.steps}"),
         (
             "completions generated in the run",
-            f"{r.train.steps // updates * r.rollouts if updates else 0}",
+            f"{r.planned_samples}",
             "max_steps / updates per step x rollouts",
         ),
     ]

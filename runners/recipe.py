@@ -131,6 +131,12 @@ class Recipe:
         return self.algorithm.off_policy_k if self.algorithm.off_policy == "ppo" else 1
 
     @property
+    def planned_samples(self) -> int:
+        """Completions the run generates in its budget (one batch of rollouts per generation)."""
+        updates = self.updates_per_generation * self.batch.epochs
+        return self.train.steps // updates * self.rollouts if updates else 0
+
+    @property
     def mini_batch(self) -> int:
         return self.rollouts // self.updates_per_generation
 

@@ -31,6 +31,9 @@ VERSIONS = "prl.versions"
 BEST_STEP = "prl.best_step"
 RUN_DIR = "prl.run_dir"  # a single run's folder (part of its identity: the folder is what resumes)
 REPORT = "prl.report"  # artifact path of the run's written report
+STOPPED = "prl.stopped"  # "1": an adaptive campaign stopped the run at a checkpoint (not done)
+STOP_DECISION = "prl.stop_decision"  # why, in words and numbers
+DECISION_PREFIX = "prl.decision."  # + percent of the budget: the decision taken there (JSON)
 ABANDONED_FOR = "prl.abandoned_for"  # a run that could not be resumed: the run that replaced it
 ABANDONED_REASON = "prl.abandoned_reason"
 # MLflow's own experiment tag for which view its UI opens: training runs, not GenAI traces.
@@ -70,6 +73,10 @@ def parent_run(client: MlflowClient, exp_id: str) -> Run | None:
     """A campaign's parent run, if it has one yet."""
     found = client.search_runs([exp_id], filter_string=f"tags.`{KIND}` = 'campaign'", max_results=1)
     return found[0] if found else None
+
+
+def is_stopped(run: Run | None) -> bool:
+    return run is not None and run.data.tags.get(STOPPED) == "1"
 
 
 def is_done(run: Run | None) -> bool:

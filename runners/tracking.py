@@ -215,7 +215,11 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
         best = run_dir / "best" / "best.json"
         if best.is_file():
             mlflow.set_tag(store.BEST_STEP, json.loads(best.read_text())["step"])
-        mlflow.set_tag(store.DONE, "1")
+        if "stopped_at_step" in final:  # ended early by an adaptive campaign: kept, not done
+            mlflow.set_tag(store.STOPPED, "1")
+        else:
+            mlflow.set_tag(store.STOPPED, "0")
+            mlflow.set_tag(store.DONE, "1")
     final["run_id"] = run_id
     return final
 

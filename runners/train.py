@@ -31,6 +31,7 @@ from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
 from runners.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
+from runners.campaign import STOP_FILE
 from runners.data import load_rows, task_of
 from runners.evaluation import evaluate
 from runners.memory import check_fits, estimate, largest_part
@@ -120,6 +121,7 @@ class Progress(TrainerCallback):
         self.trainer: ScaleRLTrainer | None = None
         self.eval_profiler = PhaseProfiler()
         self.n_params = 0
+        self.stopped_at: int | None = None
 
     # state that must survive a resume
     def state_dict(self) -> dict[str, Any]:
@@ -221,6 +223,12 @@ class Progress(TrainerCallback):
         step = state.global_step
         if step % self.recipe.eval.every == 0 or step == state.max_steps:
             self._evaluate(step, model)
+        if (self.run_dir / STOP_FILE).is_file() and step < state.max_steps:  # an adaptive campaign's decision
+            self.stopped_at = step
+            control.should_save = True  # end at a checkpoint: a later --resume-stopped continues from here
+            control.should_training_stop = True
+            why = (self.run_dir / STOP_FILE).read_text()[:300]
+            self.log(f"[{self.recipe.name}] stopped at step {step} by the campaign: {why}")
         self._tick = time.perf_counter()
 
     def on_save(self, args, state, control, **kw):
@@ -335,6 +343,8 @@ def train(
             f"{largest_part(estimate(recipe))}. Finished steps are checkpointed; re-running resumes."
         ) from e
     final = {"val/best_mean_at_16": progress.best, **progress.compute()}
+    if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
+        return {**final, "stopped_at_step": progress.stopped_at}
     if trainer.accelerator.is_main_process:
         (run_dir / "done.json").write_text(json.dumps(final, indent=2) + "\n")
     return final

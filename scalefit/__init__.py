@@ -2,9 +2,10 @@
 
 from scalefit.compare import Comparison, compare_fits
 from scalefit.curve import power_law, sigmoid
+from scalefit.decide import StopDecision, decide_stop
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, fit_sigmoid
-from scalefit.forecast import Forecast, Verdict, forecast
+from scalefit.forecast import Forecast, Verdict, fit_and_forecast, forecast
 from scalefit.powerlaw import PowerLawFit, fit_power_law
 from scalefit.uncertainty import Bootstrap, SeedSpread, bootstrap, seed_spread
 
@@ -18,7 +19,10 @@ __all__ = [
     "SeedSpread",
     "SigmoidFit",
     "bootstrap",
+    "StopDecision",
     "compare_fits",
+    "decide_stop",
+    "fit_and_forecast",
     "fit_power_law",
     "fit_sigmoid",
     "forecast",

@@ -225,6 +225,13 @@ class Forecast:
         lo, hi = np.percentile(curves, central_percentiles(self.level), axis=0)
         return lo, hi
 
+    def mean_draws(self, compute) -> np.ndarray:
+        """Draws of the mean curve at each compute (resamples x points), widened by the backtest
+        calibration as the prediction band is: what the recipe itself reaches, not one evaluation."""
+        c, curves = self._curves(compute)
+        point = self.point(c)[None, :]
+        return point + self.calibration * (curves - point)
+
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
         """Draws of a new evaluation at each compute (the mean of ``n_runs`` runs' evaluations),
         around the point prediction, scaled by the backtest calibration. Each parameter draw gets
@@ -527,3 +534,28 @@ def forecast(
     fc.calibration = max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
     fc.verdict = _verdict(fc)
     return fc
+
+
+def fit_and_forecast(
+    compute,
+    value,
+    *,
+    runs=None,
+    fit_upto: float | None = None,
+    exclude_below: float | None = None,
+    a_grid=None,
+    target: float | None = None,
+    level: float = DEFAULT_LEVEL,
+    eval_prompts: int | None = None,
+    margin: float = 0.02,
+    n_resamples: int = 1000,
+) -> tuple[SigmoidFit, Forecast]:
+    """Fit one recipe's curve (several runs pooled, each its own correlated series) and forecast
+    it; the fit's warnings stay on the fit (``SigmoidFit.warnings``), not on the console."""
+    from scalefit.fit import fit_sigmoid
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f = fit_sigmoid(compute, value, exclude_below=exclude_below, fit_upto=fit_upto, a_grid=a_grid, runs=runs)
+    fc = forecast(f, level=level, target=target, eval_prompts=eval_prompts, margin=margin, n_resamples=n_resamples)
+    return f, fc

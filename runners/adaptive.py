@@ -1,0 +1,165 @@
+"""Adaptive campaigns: at decision points (fractions of the budget) fit each variant and the
+baseline on what they have run so far, and stop the variants the scaling law already rules out.
+
+A campaign's ``adaptive: {at: [0.25, 0.5], margin: 0.02, risk: 0.05}`` turns it on. At each
+point, once every run of a variant and of the baseline has reached it, both are fitted on their
+points up to that fraction of their own budget (seeds pooled) and forecast to the full budget;
+``scalefit.decide_stop`` stops the variant when its final value is unlikely (< risk) to reach
+the baseline's minus the margin and both fits are predictable. The same ``decide_at`` serves the
+live campaign (curves read from MLflow) and the offline replay of recorded curves
+(``tests/bench_adaptive.py``).
+
+A stop is a file ``STOP`` in the run's folder: the run sees it at its next step, saves a
+checkpoint and ends; its MLflow run keeps its history and carries the decision as tags.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from runners import store
+from runners.campaign import STOP_FILE, Adaptive, X
+from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
+from scalefit.grids import parse_grid
+
+
+def decide_at(
+    curves: pd.DataFrame, variant: str, fraction: float, budgets: dict[str, float], cfg: Adaptive
+) -> StopDecision:
+    """The decision for ``variant`` at ``fraction`` of the budget, from points up to that fraction only.
+
+    curves: one row per evaluation with ``variant``, ``seed``, ``compute/samples`` and
+    ``val/mean_at_16`` (as ``analysis`` writes ``curves.csv``); budgets: each variant's full
+    budget in completions.
+    """
+    fcs = {}
+    for name in (variant, "baseline"):
+        g = curves[(curves["variant"] == name) & (curves[X] <= fraction * budgets[name] * (1 + 1e-9))]
+        try:
+            _, fcs[name] = fit_and_forecast(
+                g[X],
+                g[store.MEAN_AT_16],
+                runs=g["seed"],
+                a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
+                target=budgets[name],
+                eval_prompts=cfg.eval_prompts,
+                margin=cfg.margin,
+                n_resamples=cfg.n_resamples,
+            )
+        except FitError as e:
+            who = "variant" if name == variant else "baseline"
+            return StopDecision(False, f"keep running: the {who} cannot be fitted yet ({e})")
+    return decide_stop(
+        fcs[variant], fcs["baseline"], budgets[variant], budgets["baseline"], margin=cfg.margin, risk=cfg.risk
+    )
+
+
+def decision_tag(fraction: float) -> str:
+    return f"{store.DECISION_PREFIX}{round(fraction * 100):d}"
+
+
+@dataclass
+class Monitor:
+    """Watches a live campaign's runs and acts on its decision points (called by the scheduler)."""
+
+    cfg: Adaptive
+    client: MlflowClient
+    runs: dict[str, list[tuple[str, Path, float]]]  # variant -> [(MLflow run id, run folder, budget)]
+    log: Callable[[str], None] = print
+    every: float = 10.0
+    exempt: set[str] = field(default_factory=set)  # variants resumed past a stop (--resume-stopped)
+    decided: dict[tuple[str, float], StopDecision] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)
+    _last: float = 0.0
+
+    def __post_init__(self) -> None:  # decisions a killed campaign already took stand
+        for variant, members in self.runs.items():
+            if variant in self.exempt:
+                continue
+            for run_id, run_dir, _ in members:
+                tags = self.client.get_run(run_id).data.tags
+                for f in self.cfg.at:
+                    if decision_tag(f) in tags:
+                        d = json.loads(tags[decision_tag(f)])
+                        self.decided[(variant, f)] = StopDecision(**{**d, "stop": bool(d["stop"])})
+                        if d["stop"]:
+                            self.stopped.add(variant)
+                            _write_stop(run_dir, d)
+
+    def __call__(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._last < self.every:
+            return
+        self._last = time.monotonic()
+        if "baseline" not in self.runs:
+            return
+        curves = self._curves()
+        budgets = {v: members[0][2] for v, members in self.runs.items()}
+        for f in self.cfg.at:
+            for variant in self.runs:
+                if variant in ("baseline", *self.exempt) or variant in self.stopped or (variant, f) in self.decided:
+                    continue
+                if not all(self._reached(curves, v, f, budgets[v]) for v in (variant, "baseline")):
+                    continue
+                d = decide_at(curves, variant, f, budgets, self.cfg)
+                self.decided[(variant, f)] = d
+                self.log(f"adaptive: {variant} at {f:.0%} of its budget: {d.reason}")
+                record = json.dumps(d.to_dict())
+                for run_id, run_dir, _ in self.runs[variant]:
+                    self.client.set_tag(run_id, decision_tag(f), record[:5000])
+                    if d.stop:
+                        self.client.set_tag(run_id, store.STOP_DECISION, f"at {f:.0%}: {d.reason}"[:5000])
+                        _write_stop(run_dir, {**d.to_dict(), "fraction": f})
+                if d.stop:
+                    self.stopped.add(variant)
+
+    def _curves(self) -> pd.DataFrame:
+        rows = []
+        for variant, members in self.runs.items():
+            for seed, (run_id, _, _) in enumerate(members):
+                y = store.history(self.client, run_id, store.MEAN_AT_16)
+                x = store.history(self.client, run_id, X)
+                both = pd.concat([x, y], axis=1, keys=[X, store.MEAN_AT_16]).dropna()
+                rows += [
+                    {"variant": variant, "seed": seed, "step": int(s), X: r[X], store.MEAN_AT_16: r[store.MEAN_AT_16]}
+                    for s, r in both.iterrows()
+                ]
+        return pd.DataFrame(rows, columns=["variant", "seed", "step", X, store.MEAN_AT_16])
+
+    def _reached(self, curves: pd.DataFrame, variant: str, fraction: float, budget: float) -> bool:
+        g = curves[curves["variant"] == variant]
+        n_runs = len(self.runs[variant])
+        reached = g[g[X] >= fraction * budget * (1 - 1e-9)]["seed"].nunique()
+        return reached == n_runs
+
+    def saved(self) -> dict[str, float]:
+        """Compute not spent on stopped runs: completions and (estimated) device-hours, and shares."""
+        planned = sum(b for members in self.runs.values() for _, _, b in members)
+        saved_samples = saved_hours = 0.0
+        for variant in self.stopped:
+            for run_id, _, budget in self.runs[variant]:
+                samples = store.history(self.client, run_id, X)
+                hours = store.history(self.client, run_id, "compute/gpu_hours")
+                done = float(samples.iloc[-1]) if len(samples) else 0.0
+                saved_samples += max(budget - done, 0.0)
+                if done > 0 and len(hours):
+                    saved_hours += float(hours.iloc[-1]) / done * max(budget - done, 0.0)
+        return {
+            "samples_saved": saved_samples,
+            "share_saved": saved_samples / planned if planned else 0.0,
+            "device_hours_saved": saved_hours,
+        }
+
+
+def _write_stop(run_dir: Path, decision: dict[str, Any]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f"{STOP_FILE}.tmp"
+    tmp.write_text(json.dumps(decision, default=float))
+    tmp.replace(run_dir / STOP_FILE)

@@ -1,0 +1,82 @@
+"""Stop a variant early: is its final value at the full budget still likely to reach the
+baseline's (minus the comparison margin), given what both curves show so far?
+
+The probability comes from the two forecasts' calibrated draws of the mean curve at each one's
+budget (independent bootstraps, paired at random). A variant is stopped only when both fits are
+predictable and that probability is below the risk level; anything less certain keeps running,
+with the reason stated. Numbers only: which runs to stop and how is the caller's business.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from scalefit.forecast import Forecast
+from scalefit.uncertainty import central_percentiles
+
+
+@dataclass
+class StopDecision:
+    stop: bool
+    reason: str
+    probability: float | None = None  # P(variant's final >= baseline's final - margin)
+    probability_A: float | None = None  # the same for the asymptotes
+    variant_final: float | None = None  # predicted mean value at the variant's budget
+    variant_band: tuple[float, float] | None = None
+    baseline_final: float | None = None
+    baseline_band: tuple[float, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def decide_stop(
+    variant: Forecast,
+    baseline: Forecast,
+    variant_budget: float,
+    baseline_budget: float,
+    *,
+    margin: float = 0.02,
+    risk: float = 0.05,
+    seed: int = 0,
+) -> StopDecision:
+    """Stop when P(variant's final >= baseline's final - margin) < risk and both fits are predictable."""
+    if not 0.0 < risk < 0.5:
+        raise ValueError(f"risk must lie in (0, 0.5), e.g. 0.05; got {risk}")
+    v = variant.mean_draws([variant_budget])[:, 0]
+    b = baseline.mean_draws([baseline_budget])[:, 0]
+    rng = np.random.default_rng(seed)
+    n = min(len(v), len(b))
+    v, b = rng.permutation(v)[:n], rng.permutation(b)[:n]
+    a_v = rng.permutation(variant.samples[:, 0])[:n]
+    a_b = rng.permutation(baseline.samples[:, 0])[:n]
+    q = central_percentiles(1.0 - 2.0 * risk)
+    out = StopDecision(
+        stop=False,
+        reason="",
+        probability=float(np.mean(v >= b - margin)),
+        probability_A=float(np.mean(a_v >= a_b - margin)),
+        variant_final=float(variant.point([variant_budget])[0]),
+        variant_band=tuple(float(x) for x in np.percentile(v, q)),
+        baseline_final=float(baseline.point([baseline_budget])[0]),
+        baseline_band=tuple(float(x) for x in np.percentile(b, q)),
+    )
+    unsure = [
+        f"{who} not yet predictable ({'; '.join(fc.verdict.reasons)})"
+        for who, fc in (("variant", variant), ("baseline", baseline))
+        if fc.verdict is None or not fc.verdict.predictable
+    ]
+    if unsure:
+        out.reason = "keep running: " + "; ".join(unsure)
+    elif out.probability < risk:
+        out.stop = True
+        out.reason = (
+            f"stop: P(final >= baseline - {margin:g}) = {out.probability:.3f} < risk {risk:g} "
+            f"(predicted {out.variant_final:.3f} vs baseline {out.baseline_final:.3f})"
+        )
+    else:
+        out.reason = f"keep running: P(final >= baseline - {margin:g}) = {out.probability:.3f} >= risk {risk:g}"
+    return out
