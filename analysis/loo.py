@@ -57,10 +57,11 @@ def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
         df.insert(3, "seed", int(tags.get(store.SEED, 0)))
         df["run_id"] = run.info.run_id
         df["done"] = store.is_done(run)
+        df["stopped"] = tags.get(store.STOP_DECISION, "") if store.is_stopped(run) else ""
         frames.append(df.dropna(subset=[MEAN_AT_16]))
     if not frames:
         raise ValueError(f"campaign {campaign!r} has no validation curves yet")
-    cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done"]
+    cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done", "stopped"]
     return pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
 
 
@@ -129,6 +130,9 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             "points": len(g),
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
         }
+        stops = sorted(set(g["stopped"].fillna(""))) if "stopped" in g else []
+        if any(stops):  # an adaptive campaign stopped it: its final value is the decision's prediction
+            row["stopped"] = "stopped early " + "; ".join(x for x in stops if x)
         spliced = _spliced(g, x)
         if spliced:
             rows.append({**row, "note": f"no fit: {spliced}"})
@@ -269,9 +273,13 @@ def to_markdown(table: pd.DataFrame) -> str:
             a += " (grid edge)"
         pred = r.get("predictability", "")
         pred = "" if not isinstance(pred, str) else pred
+        verdict = r.get("verdict", "")
+        stopped = r.get("stopped")
+        if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations
+            verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
         lines.append(
             f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
-            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {r.get('verdict', '')} |"
+            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -320,13 +328,19 @@ def extrapolation_check(
 
 def runs_markdown(curves: pd.DataFrame, client: MlflowClient) -> str:
     """One line per run with its last mean@16 and where its written report is (``runs:/`` URIs open in MLflow)."""
-    lines = ["| run | variant | seed | last mean@16 | report |", "|---|---|---|---|---|"]
+    lines = ["| run | variant | seed | status | last mean@16 | report |", "|---|---|---|---|---|---|"]
     for run_id, g in curves.groupby("run_id", sort=False):
         g = g.sort_values("step")
         tag = client.get_run(run_id).data.tags.get(store.REPORT)
         link = f"`runs:/{run_id}/{tag}`" if tag else "none (`make report RUN=" + run_id + "`)"
+        stopped = g["stopped"].iloc[0] if "stopped" in g else ""
+        status = (
+            f"stopped {stopped}"
+            if isinstance(stopped, str) and stopped
+            else ("done" if g["done"].iloc[0] else "running")
+        )
         lines.append(
-            f"| {g['run'].iloc[0]} | {g['variant'].iloc[0]} | {g['seed'].iloc[0]} | "
+            f"| {g['run'].iloc[0]} | {g['variant'].iloc[0]} | {g['seed'].iloc[0]} | {status} | "
             f"{g[MEAN_AT_16].iloc[-1]:.3f} | {link} |"
         )
     return "\n".join(lines) + "\n"
@@ -338,7 +352,8 @@ def write_missing_reports(curves: pd.DataFrame, client: MlflowClient, out: Path,
     from analysis.report import write_run_report
 
     written = 0
-    for run_id, g in curves[curves["done"]].groupby("run_id", sort=False):
+    ended = curves["done"] | (curves["stopped"].fillna("") != "") if "stopped" in curves else curves["done"]
+    for run_id, g in curves[ended].groupby("run_id", sort=False):
         if client.get_run(run_id).data.tags.get(store.REPORT):
             continue
         name = f"{g['variant'].iloc[0]}-seed{g['seed'].iloc[0]}".replace("=", "-").replace("/", "-")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
@@ -39,10 +40,19 @@ def decide_at(
     curves: one row per evaluation with ``variant``, ``seed``, ``compute/samples`` and
     ``val/mean_at_16`` (as ``analysis`` writes ``curves.csv``); budgets: each variant's full
     budget in completions.
+
+    Two ways to stop: the fitted rule (``scalefit.decide_stop``), and **no gain**: a variant that
+    has not risen above its start (so no sigmoid can be fitted, and none ruled out) while the
+    predictable baseline has already made most of its predicted gain and is predicted to end
+    above anything the variant has reached, by more than the margin.
     """
+    parts = {
+        name: curves[(curves["variant"] == name) & (curves[X] <= fraction * budgets[name] * (1 + 1e-9))]
+        for name in ("baseline", variant)
+    }
     fcs = {}
-    for name in (variant, "baseline"):
-        g = curves[(curves["variant"] == name) & (curves[X] <= fraction * budgets[name] * (1 + 1e-9))]
+    for name in ("baseline", variant):
+        g = parts[name]
         try:
             _, fcs[name] = fit_and_forecast(
                 g[X],
@@ -55,11 +65,49 @@ def decide_at(
                 n_resamples=cfg.n_resamples,
             )
         except FitError as e:
+            if name == variant and "baseline" in fcs:
+                return _no_gain(parts[variant], fcs["baseline"], fraction, budgets["baseline"], cfg, str(e))
             who = "variant" if name == variant else "baseline"
             return StopDecision(False, f"keep running: the {who} cannot be fitted yet ({e})")
     return decide_stop(
         fcs[variant], fcs["baseline"], budgets[variant], budgets["baseline"], margin=cfg.margin, risk=cfg.risk
     )
+
+
+NO_GAIN = 0.01  # below this rise over its start a curve has shown no gain (scalefit's own threshold)
+BASELINE_GAIN_SHARE = 0.5  # the baseline must have made at least this share of its predicted gain
+
+
+def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Adaptive, why: str) -> StopDecision:
+    """The variant could not be fitted: stop it only if it shows no gain at all while the
+    (predictable) baseline has made most of its own and will end clearly above the variant."""
+    by_seed = g.sort_values(X).groupby("seed")[store.MEAN_AT_16]
+    start = float(by_seed.first().mean())
+    latest = float(by_seed.apply(lambda v: v.tail(3).mean()).mean())  # the last three evaluations, seeds averaged
+    best = float(by_seed.max().max())
+    f = baseline.fit
+    b_final = float(baseline.point([budget])[0])
+    b_now = float(baseline.point([fraction * budget])[0])
+    share = (b_now - f.R0) / (b_final - f.R0) if b_final != f.R0 else 0.0
+    lo = float(np.percentile(baseline.mean_draws([budget])[:, 0], 100 * cfg.risk))
+    base = StopDecision(False, "", variant_final=latest, baseline_final=b_final)
+    if latest - start >= NO_GAIN:
+        base.reason = f"keep running: the variant cannot be fitted yet ({why})"
+    elif baseline.verdict is None or not baseline.verdict.predictable:
+        base.reason = f"keep running: the variant shows no gain, but the baseline is not yet predictable ({why})"
+    elif share < BASELINE_GAIN_SHARE or lo - cfg.margin <= best:
+        base.reason = (
+            f"keep running: the variant shows no gain yet, the baseline has made {share:.0%} of its gain "
+            f"and ends at least {lo:.3f} (variant's best {best:.3f})"
+        )
+    else:
+        base.stop = True
+        base.reason = (
+            f"stop: no gain (mean@16 {start:.3f} -> {latest:.3f}) at {fraction:.0%} of the budget, while the baseline "
+            f"has made {share:.0%} of its gain and ends above {lo:.3f} with probability {1 - cfg.risk:.0%} "
+            f"(variant's best {best:.3f}, margin {cfg.margin:g})"
+        )
+    return base
 
 
 def decision_tag(fraction: float) -> str:

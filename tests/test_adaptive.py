@@ -1,0 +1,100 @@
+"""Adaptive campaigns: the stop rule on curves with known truth, the campaign's adaptive section,
+and a real tiny campaign that stops a planted hopeless variant at a checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from runners.adaptive import decide_at
+from runners.campaign import Adaptive, CampaignError, X, load_campaign
+from runners.store import MEAN_AT_16
+from scalefit.synthetic import realistic_runs
+
+
+def campaign_curves(variants: dict[str, tuple[float, float, float]], budget: float = 40_000.0) -> pd.DataFrame:
+    """Curves of a campaign from true (A, B, C_mid) per variant: 41 evaluations, 2 seeds, realistic noise."""
+    frames = []
+    for i, (name, (a, b, cm)) in enumerate(variants.items()):
+        df = realistic_runs(cm, b, a, R0=0.35, c_max=budget, n_points=41, seeds=2, drift_sd=0.005, seed=i)
+        frames.append(df.assign(variant=name).rename(columns={"compute": X, "value": MEAN_AT_16}))
+    return pd.concat(frames, ignore_index=True)
+
+
+BASE = (0.70, 2.0, 8_000.0)
+
+
+def test_a_clearly_worse_variant_is_stopped_and_a_close_one_is_not():
+    curves = campaign_curves({"baseline": BASE, "worse": (0.55, 2.0, 8_000.0), "close": (0.695, 2.0, 8_000.0)})
+    budgets = {v: 40_000.0 for v in ("baseline", "worse", "close")}
+    cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=1000, n_resamples=300)
+    worse = decide_at(curves, "worse", 0.5, budgets, cfg)
+    assert worse.stop and worse.probability < 0.05, worse.reason
+    assert worse.variant_final == pytest.approx(0.55, abs=0.03) and worse.baseline_final == pytest.approx(
+        0.70, abs=0.03
+    )
+    assert worse.reason.startswith("stop: P(final >= baseline - 0.02)")
+    close = decide_at(curves, "close", 0.5, budgets, cfg)
+    assert not close.stop and close.probability > 0.05, close.reason
+
+
+def test_decisions_use_only_points_up_to_the_decision_point():
+    curves = campaign_curves({"baseline": BASE, "worse": (0.55, 2.0, 8_000.0)})
+    budgets = {"baseline": 40_000.0, "worse": 40_000.0}
+    cfg = Adaptive([0.5], eval_prompts=1000, n_resamples=300)
+    before = decide_at(curves, "worse", 0.5, budgets, cfg)
+    later = curves[X] > 0.5 * 40_000.0
+    tampered = curves.copy()
+    tampered.loc[later, MEAN_AT_16] = 0.99  # what happens after the point must not matter
+    assert decide_at(tampered, "worse", 0.5, budgets, cfg).to_dict() == before.to_dict()
+
+
+def test_a_variant_that_is_not_yet_predictable_is_never_stopped():
+    # before its knee (C_mid past the decision point), however low it looks so far
+    curves = campaign_curves({"baseline": BASE, "late": (0.6, 2.0, 25_000.0)})
+    d = decide_at(curves, "late", 0.25, {"baseline": 40_000.0, "late": 40_000.0}, Adaptive([0.25], n_resamples=300))
+    assert not d.stop and "not yet predictable" in d.reason
+
+
+def test_a_variant_with_no_gain_is_stopped_once_the_baseline_has_made_its_gain():
+    curves = campaign_curves({"baseline": BASE, "flat": (0.36, 2.0, 8_000.0)})  # stays at its start, 0.35
+    budgets = {"baseline": 40_000.0, "flat": 40_000.0}
+    cfg = Adaptive([0.25, 0.5], eval_prompts=1000, n_resamples=300)
+    d = decide_at(curves, "flat", 0.5, budgets, cfg)
+    assert d.stop and d.reason.startswith("stop: no gain"), d.reason
+    early = decide_at(curves, "flat", 0.05, budgets, cfg)  # the baseline has barely started: no verdict on anyone
+    assert not early.stop, early.reason
+
+
+@pytest.mark.parametrize(
+    "adaptive,msg",
+    [
+        ({"at": [0.5, 1.5]}, r"adaptive.at = \[0.5, 1.5\]: expected fractions of the budget in \(0, 1\)"),
+        ({"at": []}, "adaptive.at"),
+        ({"at": [0.5], "risk": 0.7}, r"adaptive.risk = 0.7: expected a probability in \(0, 0.5\)"),
+        ({"at": [0.5], "margin": -1}, "adaptive.margin = -1"),
+        ({"at": [0.5], "rsk": 0.1}, "adaptive: unknown key 'rsk'"),
+        ([0.5], "adaptive = \\[0.5\\]: expected"),
+    ],
+)
+def test_bad_adaptive_sections_get_one_clear_line(tmp_path, adaptive, msg):
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "c", "baseline": "scalerl", "adaptive": adaptive}))
+    with pytest.raises(CampaignError, match=msg):
+        load_campaign(path)
+
+
+def test_adaptive_decides_on_completions_not_wall_clock(tmp_path):
+    path = tmp_path / "c.yaml"
+    doc = {"name": "c", "baseline": "scalerl", "adaptive": {"at": [0.5]}, "fit": {"x": "compute/gpu_hours"}}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CampaignError, match="adaptive campaigns decide on fit.x = compute/samples"):
+        load_campaign(path)
+    doc["fit"] = {"margin": 0.03}
+    path.write_text(json.dumps(doc))
+    camp = load_campaign(path)
+    assert camp.adaptive.at == [0.5] and camp.adaptive.margin == 0.03 and camp.adaptive.risk == 0.05
+    assert np.isclose(camp.adaptive.margin, 0.03)
