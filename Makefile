@@ -12,7 +12,7 @@ PORT    ?= 5000
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit bench-predict bench-runner bench-memory ablation fit ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup test lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -49,6 +49,9 @@ bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; fore
 
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
 	$(BIN)/python -m tests.bench_predict
+
+bench-adaptive: $(STAMP) ## replay adaptive-campaign decisions on synthetic and recorded curves: right/wrong stops, compute saved
+	$(BIN)/python -m tests.bench_adaptive
 
 bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, packed vs sequential runs [RECIPE=]
 	$(BIN)/python -m tests.bench_runner $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))
