@@ -159,6 +159,17 @@ def new_run(client: MlflowClient, exp_id: str, recipe: Recipe, *, name: str, run
     return run
 
 
+def child_run(client: MlflowClient, camp: Campaign, spec: RunSpec) -> Run:
+    """The MLflow run of one of a campaign's runs: found by its identity, else created as the
+    campaign would create it (parent, tags, params)."""
+    exp_id = store.experiment_id(client, camp.name, create=True)
+    found = store.identified_runs(client, exp_id).get(spec.run_key)
+    if found is not None:
+        return found
+    tags = _campaign_tags(camp, spec, _parent(client, exp_id, camp))
+    return new_run(client, exp_id, spec.recipe, name=f"{spec.variant}/seed{spec.seed}", run_key=spec.run_key, tags=tags)
+
+
 def _parent(client: MlflowClient, exp_id: str, camp: Campaign) -> Run:
     found = store.parent_run(client, exp_id)
     if found:

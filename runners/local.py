@@ -20,7 +20,7 @@ from typing import IO
 
 from runners.campaign import Campaign, CampaignError, RunSpec
 
-PROGRESS_MARKS = ("] step ", "building base model", "base model ready", "resuming", "done in ")
+PROGRESS_MARKS = ("] step ", "building base model", "base model ready", "resuming", "stopped at step", "done in ")
 
 
 @dataclass

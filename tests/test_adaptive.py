@@ -98,3 +98,59 @@ def test_adaptive_decides_on_completions_not_wall_clock(tmp_path):
     camp = load_campaign(path)
     assert camp.adaptive.at == [0.5] and camp.adaptive.margin == 0.03 and camp.adaptive.risk == 0.05
     assert np.isclose(camp.adaptive.margin, 0.03)
+
+
+def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_request(tmp_path, monkeypatch, tiny_base):
+    """A stop decision recorded by a campaign killed before it could act (the decision tag is on the
+    variant's run, no STOP file yet): the next campaign takes the same decision, the run ends at a
+    checkpoint with its history kept, a re-run leaves it stopped, --resume-stopped finishes it."""
+    from mlflow.tracking import MlflowClient
+
+    from runners import store
+    from runners.adaptive import decision_tag
+    from runners.campaign import expand
+    from runners.campaign_runs import child_run, run_campaign
+    from tests.test_campaign import history_steps, write_campaign
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    path = write_campaign(
+        tmp_path / "a.yaml",
+        "adaptive-tiny",
+        8,
+        {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}},
+        fit={"a_grid": "0.05:1.0:0.005"},
+        adaptive={"at": [0.5], "risk": 0.05},
+    )
+    camp = load_campaign(path)
+    variant = next(s for s in expand(camp) if s.variant == "loss=dapo")
+    client = MlflowClient(uri)
+    run_id = child_run(client, camp, variant).info.run_id
+    decision = {"stop": True, "reason": "stop: recorded before a kill", "probability": 0.01}
+    client.set_tag(run_id, decision_tag(0.5), json.dumps(decision))
+
+    lines: list[str] = []
+    summary = run_campaign(path, log=lines.append)
+    assert not summary["failures"]
+    run = client.get_run(run_id)
+    assert run.data.tags[store.STOPPED] == "1" and store.DONE not in run.data.tags
+    steps = history_steps(client, run_id, "train/loss")
+    assert steps and max(steps) < 8  # ended early
+    folder = next((tmp_path / "artifacts/campaigns/adaptive-tiny").glob("loss-dapo-seed0-*"))
+    assert (folder / "STOP").is_file() and any(folder.glob("checkpoints/checkpoint-*/prl_state.json"))
+    assert summary["adaptive"]["share_saved"] > 0
+    assert any("compute not spent" in x for x in lines)
+    assert any("stopped at step" in x for x in lines)  # the run's own line, echoed by the campaign
+
+    again: list[str] = []
+    assert run_campaign(path, log=again.append)["ran"] == 0  # stopped stays stopped
+    assert any("1 stopped, 0 to run" in x for x in again)
+
+    resumed = run_campaign(path, resume_stopped=True, log=lambda m: None)
+    assert resumed["ran"] == 1 and not resumed["failures"]
+    run = client.get_run(run_id)
+    assert run.data.tags[store.DONE] == "1" and run.data.tags[store.STOPPED] == "0"
+    assert history_steps(client, run_id, "train/loss") == list(range(1, 9))  # each step once, no splice
+    samples = [m.value for m in sorted(client.get_metric_history(run_id, X), key=lambda m: m.step)]
+    assert samples == sorted(samples) and len(samples) == len(set(history_steps(client, run_id, MEAN_AT_16)))
