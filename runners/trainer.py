@@ -21,6 +21,13 @@ points and without copying its code:
   with behaviour log-probs recorded at generation (so the losses' importance ratios and
   clipping act as they do under real asynchrony);
 - metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness.
+
+Honestly: TRL has no public hooks for these, so this class overrides **private** methods of
+the pinned TRL (``requirements.lock``): ``_get_train_sampler``, ``_generate``,
+``_calculate_rewards``, ``_generate_and_score_completions``, ``_prepare_inputs`` and
+``_generate_single_turn`` (plus the public ``training_step`` and ``log``).
+``tests/test_axes.py::test_the_private_trl_methods_overridden_keep_their_signatures`` fails,
+naming the method, when an upgrade changes any of them.
 """
 
 from __future__ import annotations

@@ -325,3 +325,44 @@ def test_pipeline_lag_trains_on_the_batch_generated_lag_steps_earlier(random_mod
 def test_pipeline_lag_is_bounded_by_k():
     with pytest.raises(RecipeError, match="pipeline_lag = 9"):
         make_recipe(algorithm={"pipeline_lag": 9, "off_policy_k": 8})
+
+
+# The private TRL methods ScaleRLTrainer overrides, with their parameters in the pinned TRL.
+TRL_OVERRIDES = {
+    "_get_train_sampler": ["self", "dataset"],
+    "_generate": ["self", "prompts"],
+    "training_step": ["self", "model", "inputs", "num_items_in_batch"],
+    "log": ["self", "logs", "start_time"],
+    "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"],
+    "_generate_and_score_completions": ["self", "inputs"],
+    "_prepare_inputs": ["self", "generation_batch"],
+    "_generate_single_turn": [
+        "self",
+        "prompt_ids",
+        "images",
+        "multimodal_fields",
+        "num_generations",
+        "has_tool_images",
+    ],
+}
+
+
+def test_the_private_trl_methods_overridden_keep_their_signatures():
+    import inspect
+
+    import trl
+    from trl import GRPOTrainer
+
+    from runners.trainer import ScaleRLTrainer
+
+    overridden = {n for n, v in vars(ScaleRLTrainer).items() if callable(v) and hasattr(GRPOTrainer, n)} - {"__init__"}
+    assert overridden == set(TRL_OVERRIDES), "update TRL_OVERRIDES (and the trainer's docstring) with the overrides"
+    for name, params in TRL_OVERRIDES.items():
+        assert hasattr(GRPOTrainer, name), (
+            f"TRL {trl.__version__} has no GRPOTrainer.{name}: ScaleRLTrainer overrides it"
+        )
+        got = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
+        assert got == params, (
+            f"TRL {trl.__version__} changed GRPOTrainer.{name}{tuple(got)} (ScaleRLTrainer was written against "
+            f"{tuple(params)}): review runners/trainer.py before upgrading"
+        )
