@@ -20,6 +20,8 @@ points and without copying its code:
   be on-policy; ``pipeline_lag`` L trains each step on the batch generated L steps earlier,
   with behaviour log-probs recorded at generation (so the losses' importance ratios and
   clipping act as they do under real asynchrony);
+- FP32 LM head under mixed precision: TRL's cast alone is undone by autocast (the head's
+  matmul ran in bf16); the head's forward runs outside autocast (``fp32_head_outside_autocast``);
 - metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness.
 
 Honestly: TRL has no public hooks for these, so this class overrides **private** methods of
@@ -83,6 +85,24 @@ def aggregation_weights(lengths: torch.Tensor, keep: torch.Tensor, group_size: i
     return torch.where(keep, weight, torch.zeros_like(weight))
 
 
+def fp32_head_outside_autocast(model) -> None:
+    """Make the FP32 LM head compute in fp32 under mixed precision too.
+
+    TRL's ``cast_lm_head_to_fp32`` keeps the head's weights in fp32 and casts its inputs, but
+    under ``torch.autocast`` (bf16 training with fp32 master weights) the matmul is still run
+    in bf16, so the logits the loss sees are bf16 and the axis does nothing. Here the head's
+    forward runs with autocast disabled: fp32 logits for generation and training alike.
+    """
+    head = model.lm_head
+    inner = head.forward
+
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+            return inner(hidden_states)
+
+    head.forward = forward
+
+
 class ScaleRLTrainer(GRPOTrainer):
     def __init__(self, *args: Any, recipe: Recipe, **kwargs: Any) -> None:
         self.recipe = recipe
@@ -95,6 +115,8 @@ class ScaleRLTrainer(GRPOTrainer):
         self._pipeline: deque[tuple[int, dict]] = deque()  # (generation step, scored batch), oldest first
         self.profiler = PhaseProfiler()
         super().__init__(*args, **kwargs)
+        if self.args.cast_lm_head_to_fp32:
+            fp32_head_outside_autocast(self.model)
         tok = self.processing_class
         ln = recipe.length
         self._phrase_ids = tok(ln.interruption_phrase, add_special_tokens=False)["input_ids"]

@@ -206,6 +206,12 @@ def test_fp32_lm_head(random_model_dir, tmp_path, on):
     trainer = make_trainer(random_model_dir, recipe, tmp_path, dtype=torch.bfloat16)
     assert trainer.model.lm_head.weight.dtype == (torch.float32 if on else torch.bfloat16)
     assert trainer.model.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    # the head computes in fp32 where training computes: under bf16 autocast (TRL's cast alone
+    # left the matmul to autocast, so its logits were bf16 and the axis did nothing)
+    ids = torch.tensor([trainer.processing_class("Q: 1+2\n")["input_ids"]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = trainer.model(input_ids=ids).logits
+    assert logits.dtype == (torch.float32 if on else torch.bfloat16)
 
 
 # --- length control -------------------------------------------------------------------
