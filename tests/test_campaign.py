@@ -4,6 +4,7 @@ concurrent writers, the fit table and the MLflow UI's REST API."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -236,21 +237,31 @@ def test_concurrent_runs_lose_no_metrics(store, tmp_path):
         },
         parallel=3,
     )
-    summary = run_campaign(path, log=lambda m: None)
+    lines: list[str] = []
+    summary = run_campaign(path, log=lines.append)
     assert summary["ran"] == 3 and not summary["failures"]
+    # the three wrote through one local server in front of the SQLite store
+    assert any(x.startswith("MLflow tracking server http://127.0.0.1:") and f"store {store}" in x for x in lines)
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("concurrent").experiment_id], "tags.`prl.run_id` != ''")
     assert len(runs) == 3
+    spans = []
     for r in runs:
         assert history_steps(client, r.info.run_id, "val/mean_at_16") == [0, 2, 4]
         assert history_steps(client, r.info.run_id, "train/loss") == [1, 2, 3, 4]
+        stamps = [m.timestamp for m in client.get_metric_history(r.info.run_id, "train/loss")]
+        spans.append((min(stamps), max(stamps)))
+    # they really ran at the same time: every run logged training steps while each other was logging
+    for a, b in itertools.combinations(spans, 2):
+        assert a[0] <= b[1] and b[0] <= a[1], spans
 
 
 def test_mlflow_ui_serves_the_campaign(store, tmp_path):
-    client = MlflowClient(store)
-    exp_id = client.create_experiment("ui-check")
-    run = client.create_run(exp_id, run_name="r", tags={"prl.variant": "baseline"})
-    client.log_metric(run.info.run_id, "val/mean_at_16", 0.5, step=0)
+    """`make ui`'s server on a store a real campaign wrote: the experiment opens as training runs,
+    and each run's mean@16 history is there to chart."""
+    path = write_campaign(tmp_path / "ui.yaml", "ui-check", 2, {})
+    assert not run_campaign(path, log=lambda m: None)["failures"]
+    exp_id = MlflowClient(store).get_experiment_by_name("ui-check").experiment_id
     port = free_port()
     ui = subprocess.Popen(
         [
@@ -278,16 +289,22 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
             except OSError:
                 time.sleep(0.5)
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ui-check") as r:
-            assert json.load(r)["experiment"]["experiment_id"] == exp_id
+            exp = json.load(r)["experiment"]
+        assert exp["experiment_id"] == exp_id
+        assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in exp["tags"]
         req = urllib.request.Request(
             f"{base}/api/2.0/mlflow/runs/search",
             method="POST",
-            data=json.dumps({"experiment_ids": [exp_id]}).encode(),
+            data=json.dumps({"experiment_ids": [exp_id], "filter": "tags.`prl.run_id` != ''"}).encode(),
             headers={"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(req) as r:
             runs = json.load(r)["runs"]
-        assert runs[0]["data"]["metrics"][0]["key"] == "val/mean_at_16"
+        assert [r["info"]["run_name"] for r in runs] == ["baseline/seed0"]
+        rid = runs[0]["info"]["run_id"]
+        query = f"run_id={rid}&metric_key=val/mean_at_16"
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
+            assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2]
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
