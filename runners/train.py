@@ -134,6 +134,7 @@ class Progress(TrainerCallback):
             "compute_samples": t.compute_samples,
             "pass_history": {str(k): v for k, v in t.pass_history.items()},
             "dropped": sorted(t.dropped),
+            "budget_rng": _jsonable(t._rng.getstate()),  # thinking budgets drawn so far: continue the sequence
         }
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
@@ -143,6 +144,8 @@ class Progress(TrainerCallback):
         t.compute_samples = s.get("compute_samples", 0)
         t.pass_history.update({int(k): v for k, v in s["pass_history"].items()})
         t.dropped.update(s["dropped"])
+        if "budget_rng" in s:
+            t._rng.setstate(_tupled(s["budget_rng"]))
 
     def compute(self) -> dict[str, float]:
         devices = max(1, self.trainer.accelerator.num_processes)
@@ -249,6 +252,14 @@ class Progress(TrainerCallback):
                 self.log(f"[{self.recipe.name}] step {state.global_step}: non-finite {', '.join(bad)}")
             for sink in self.sinks:
                 sink({f"train/{k}": v for k, v in train_logs.items()}, state.global_step)
+
+
+def _jsonable(state):
+    return [_jsonable(x) for x in state] if isinstance(state, tuple | list) else state
+
+
+def _tupled(state):
+    return tuple(_tupled(x) for x in state) if isinstance(state, list) else state
 
 
 def _logged_steps(path: Path) -> set[int]:

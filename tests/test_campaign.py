@@ -218,13 +218,30 @@ def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
     proc.wait()
     assert run_id is not None and 4 <= max(history_steps(client, run_id, "val/mean_at_16")) < 16
 
-    summary = run_campaign(path, log=lambda m: None)
+    lines: list[str] = []
+    summary = run_campaign(path, log=lines.append)
     assert summary["ran"] == 1 and not summary["failures"]
+    assert any("resuming from" in x and "checkpoint-" in x for x in lines), lines  # resumed, not restarted
     runs = client.search_runs([client.get_experiment_by_name("kill-resume").experiment_id], "tags.`prl.run_id` != ''")
     assert [r.info.run_id for r in runs] == [run_id]  # resumed into the same MLflow run
     assert history_steps(client, run_id, "val/mean_at_16") == list(range(0, 17, 2))
     assert history_steps(client, run_id, "train/loss") == list(range(1, 17))
     assert history_steps(client, run_id, "compute/gpu_hours") == list(range(0, 17, 2))
+    for key in ("compute/gpu_hours", "compute/samples", "compute/tokens"):  # compute kept rising across the kill
+        values = [m.value for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
+        assert all(b > a for a, b in zip(values, values[1:], strict=False)), (key, values)
+
+    # the same run uninterrupted: the resumed one generated the same completions at every step
+    # (restored compute counters) and its NPR/sampler state gave the same number of tokens
+    path2 = write_campaign(tmp_path / "whole.yaml", "uninterrupted", 16, {})
+    assert not run_campaign(path2, log=lambda m: None)["failures"]
+    whole = client.search_runs(
+        [client.get_experiment_by_name("uninterrupted").experiment_id], "tags.`prl.run_id` != ''"
+    )
+    for key in ("compute/samples", "compute/tokens"):
+        resumed = {m.step: m.value for m in client.get_metric_history(run_id, key)}
+        straight = {m.step: m.value for m in client.get_metric_history(whole[0].info.run_id, key)}
+        assert resumed == straight, key
 
 
 def test_concurrent_runs_lose_no_metrics(store, tmp_path):
