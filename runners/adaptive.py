@@ -32,46 +32,65 @@ from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
 from scalefit.grids import parse_grid
 
 
+def upto(curves: pd.DataFrame, name: str, fraction: float, budget: float) -> pd.DataFrame:
+    """A variant's points up to ``fraction`` of its budget: all a decision there may see."""
+    return curves[(curves["variant"] == name) & (curves[X] <= fraction * budget * (1 + 1e-9))]
+
+
+def forecast_at(curves: pd.DataFrame, name: str, fraction: float, budget: float, cfg: Adaptive):
+    """A variant's forecast to its budget from its points up to ``fraction`` of it; raises
+    ``FitError`` when they cannot be fitted yet."""
+    g = upto(curves, name, fraction, budget)
+    _, fc = fit_and_forecast(
+        g[X],
+        g[store.MEAN_AT_16],
+        runs=g["seed"],
+        a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
+        target=budget,
+        eval_prompts=cfg.eval_prompts,
+        margin=cfg.margin,
+        n_resamples=cfg.n_resamples,
+    )
+    return fc
+
+
 def decide_at(
-    curves: pd.DataFrame, variant: str, fraction: float, budgets: dict[str, float], cfg: Adaptive
+    curves: pd.DataFrame,
+    variant: str,
+    fraction: float,
+    budgets: dict[str, float],
+    cfg: Adaptive,
+    baselines: dict[float, Any] | None = None,
 ) -> StopDecision:
     """The decision for ``variant`` at ``fraction`` of the budget, from points up to that fraction only.
 
     curves: one row per evaluation with ``variant``, ``seed``, ``compute/samples`` and
     ``val/mean_at_16`` (as ``analysis`` writes ``curves.csv``); budgets: each variant's full
-    budget in completions.
+    budget in completions. baselines: a cache of the baseline's forecast (or its ``FitError``)
+    by fraction, shared by the variants decided at the same point: once every baseline run has
+    passed a point, its points up to it no longer change.
 
     Two ways to stop: the fitted rule (``scalefit.decide_stop``), and **no gain**: a variant that
     has not risen above its start (so no sigmoid can be fitted, and none ruled out) while the
     predictable baseline has already made most of its predicted gain and is predicted to end
     above anything the variant has reached, by more than the margin.
     """
-    parts = {
-        name: curves[(curves["variant"] == name) & (curves[X] <= fraction * budgets[name] * (1 + 1e-9))]
-        for name in ("baseline", variant)
-    }
-    fcs = {}
-    for name in ("baseline", variant):
-        g = parts[name]
+    baselines = {} if baselines is None else baselines
+    if fraction not in baselines:
         try:
-            _, fcs[name] = fit_and_forecast(
-                g[X],
-                g[store.MEAN_AT_16],
-                runs=g["seed"],
-                a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
-                target=budgets[name],
-                eval_prompts=cfg.eval_prompts,
-                margin=cfg.margin,
-                n_resamples=cfg.n_resamples,
-            )
+            baselines[fraction] = forecast_at(curves, "baseline", fraction, budgets["baseline"], cfg)
         except FitError as e:
-            if name == variant and "baseline" in fcs:
-                return _no_gain(parts[variant], fcs["baseline"], fraction, budgets["baseline"], cfg, str(e))
-            who = "variant" if name == variant else "baseline"
-            return StopDecision(False, f"keep running: the {who} cannot be fitted yet ({e})")
-    return decide_stop(
-        fcs[variant], fcs["baseline"], budgets[variant], budgets["baseline"], margin=cfg.margin, risk=cfg.risk
-    )
+            baselines[fraction] = e
+    base = baselines[fraction]
+    if isinstance(base, FitError):
+        return StopDecision(False, f"keep running: the baseline cannot be fitted yet ({base})")
+    try:
+        fc = forecast_at(curves, variant, fraction, budgets[variant], cfg)
+    except FitError as e:
+        return _no_gain(
+            upto(curves, variant, fraction, budgets[variant]), base, fraction, budgets["baseline"], cfg, str(e)
+        )
+    return decide_stop(fc, base, budgets[variant], budgets["baseline"], margin=cfg.margin, risk=cfg.risk)
 
 
 NO_GAIN = 0.01  # below this rise over its start a curve has shown no gain (scalefit's own threshold)
@@ -126,47 +145,58 @@ class Monitor:
     exempt: set[str] = field(default_factory=set)  # variants resumed past a stop (--resume-stopped)
     decided: dict[tuple[str, float], StopDecision] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
+    _baselines: dict[float, Any] = field(default_factory=dict)  # the baseline's forecast at each point
     _last: float = 0.0
 
-    def __post_init__(self) -> None:  # decisions a killed campaign already took stand
+    def __post_init__(self) -> None:
+        """Decisions a killed campaign already took stand, for every run of the variant: a kill
+        between tagging one seed's run and the next leaves the decision on some of them only."""
         for variant, members in self.runs.items():
-            if variant in self.exempt:
+            if variant in self.exempt or variant == "baseline":
                 continue
-            for run_id, run_dir, _ in members:
-                tags = self.client.get_run(run_id).data.tags
-                for f in self.cfg.at:
-                    if decision_tag(f) in tags:
-                        d = json.loads(tags[decision_tag(f)])
-                        self.decided[(variant, f)] = StopDecision(**{**d, "stop": bool(d["stop"])})
-                        if d["stop"]:
-                            self.stopped.add(variant)
-                            _write_stop(run_dir, d)
+            tags = [self.client.get_run(run_id).data.tags for run_id, _, _ in members]
+            for f in self.cfg.at:
+                recorded = next((t[decision_tag(f)] for t in tags if decision_tag(f) in t), None)
+                if recorded is not None:
+                    d = json.loads(recorded)
+                    self._apply(variant, f, StopDecision(**{**d, "stop": bool(d["stop"])}))
+
+    def _apply(self, variant: str, f: float, d: StopDecision) -> None:
+        """Record a decision on every run of the variant; a stop also writes their STOP files."""
+        self.decided[(variant, f)] = d
+        record = json.dumps(d.to_dict())[:5000]
+        for run_id, run_dir, _ in self.runs[variant]:
+            self.client.set_tag(run_id, decision_tag(f), record)
+            if d.stop:
+                self.client.set_tag(run_id, store.STOP_DECISION, f"at {f:.0%}: {d.reason}"[:5000])
+                _write_stop(run_dir, {**d.to_dict(), "fraction": f})
+        if d.stop:
+            self.stopped.add(variant)
+
+    def _pending(self) -> list[tuple[float, str]]:
+        return [
+            (f, v)
+            for f in self.cfg.at
+            for v in self.runs
+            if v not in ("baseline", *self.exempt) and v not in self.stopped and (v, f) not in self.decided
+        ]
 
     def __call__(self, force: bool = False) -> None:
         if not force and time.monotonic() - self._last < self.every:
             return
         self._last = time.monotonic()
-        if "baseline" not in self.runs:
+        if "baseline" not in self.runs or not self._pending():  # nothing left to decide: read nothing
             return
         curves = self._curves()
         budgets = {v: members[0][2] for v, members in self.runs.items()}
-        for f in self.cfg.at:
-            for variant in self.runs:
-                if variant in ("baseline", *self.exempt) or variant in self.stopped or (variant, f) in self.decided:
-                    continue
-                if not all(self._reached(curves, v, f, budgets[v]) for v in (variant, "baseline")):
-                    continue
-                d = decide_at(curves, variant, f, budgets, self.cfg)
-                self.decided[(variant, f)] = d
-                self.log(f"adaptive: {variant} at {f:.0%} of its budget: {d.reason}")
-                record = json.dumps(d.to_dict())
-                for run_id, run_dir, _ in self.runs[variant]:
-                    self.client.set_tag(run_id, decision_tag(f), record[:5000])
-                    if d.stop:
-                        self.client.set_tag(run_id, store.STOP_DECISION, f"at {f:.0%}: {d.reason}"[:5000])
-                        _write_stop(run_dir, {**d.to_dict(), "fraction": f})
-                if d.stop:
-                    self.stopped.add(variant)
+        for f, variant in self._pending():
+            if variant in self.stopped:  # stopped at an earlier point in this same pass
+                continue
+            if not all(self._reached(curves, v, f, budgets[v]) for v in (variant, "baseline")):
+                continue
+            d = decide_at(curves, variant, f, budgets, self.cfg, self._baselines)
+            self.log(f"adaptive: {variant} at {f:.0%} of its budget: {d.reason}")
+            self._apply(variant, f, d)
 
     def _curves(self) -> pd.DataFrame:
         rows = []

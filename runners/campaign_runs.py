@@ -63,16 +63,16 @@ def run_campaign(
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
     root = runs_root / camp.name
+    status = {s.run_key: status_of(existing.get(s.run_key)) for s in specs}
     skip = {"done"} if resume_stopped else {"done", "stopped"}
-    todo = [s for s in specs if status_of(existing.get(s.run_key)) not in skip]
+    todo = [s for s in specs if status[s.run_key] not in skip]
     resumed: set[str] = set()  # variants the user resumed past an adaptive stop: not decided on again
-    if resume_stopped:
-        for s in todo:
-            if status_of(existing.get(s.run_key)) == "stopped":
-                (run_folder(root, s) / STOP_FILE).unlink(missing_ok=True)
-                client.set_tag(existing[s.run_key].info.run_id, store.STOPPED, "0")
-                resumed.add(s.variant)
-    n_stopped = sum(status_of(existing.get(s.run_key)) == "stopped" for s in specs) if not resume_stopped else 0
+    for s in todo:
+        if status[s.run_key] == "stopped":
+            (run_folder(root, s) / STOP_FILE).unlink(missing_ok=True)
+            client.set_tag(existing[s.run_key].info.run_id, store.STOPPED, "0")
+            resumed.add(s.variant)
+    n_stopped = 0 if resume_stopped else sum(status[s.run_key] == "stopped" for s in specs)
     log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
     t0 = time.perf_counter()
     server = local_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") else None
@@ -81,14 +81,7 @@ def run_campaign(
 
         def mlflow_run(spec: RunSpec) -> Run:  # resumed if it exists, else a new child
             if spec.run_key not in existing:
-                existing[spec.run_key] = new_run(
-                    worker_client,
-                    exp_id,
-                    spec.recipe,
-                    name=f"{spec.variant}/seed{spec.seed}",
-                    run_key=spec.run_key,
-                    tags=_campaign_tags(camp, spec, parent),
-                )
+                existing[spec.run_key] = _new_child(worker_client, exp_id, parent, camp, spec)
             return existing[spec.run_key]
 
         def prepare(spec: RunSpec) -> Launch:
@@ -166,7 +159,11 @@ def child_run(client: MlflowClient, camp: Campaign, spec: RunSpec) -> Run:
     found = store.identified_runs(client, exp_id).get(spec.run_key)
     if found is not None:
         return found
-    tags = _campaign_tags(camp, spec, _parent(client, exp_id, camp))
+    return _new_child(client, exp_id, _parent(client, exp_id, camp), camp, spec)
+
+
+def _new_child(client: MlflowClient, exp_id: str, parent: Run, camp: Campaign, spec: RunSpec) -> Run:
+    tags = _campaign_tags(camp, spec, parent)
     return new_run(client, exp_id, spec.recipe, name=f"{spec.variant}/seed{spec.seed}", run_key=spec.run_key, tags=tags)
 
 

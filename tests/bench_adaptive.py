@@ -75,11 +75,11 @@ def replay(curves: pd.DataFrame, cfg: Adaptive, truth: dict[str, float] | None =
         v: float(g.sort_values(X).groupby("seed")[MEAN_AT_16].last().mean()) for v, g in curves.groupby("variant")
     }
     planned = {v: budgets[v] * g["seed"].nunique() for v, g in curves.groupby("variant")}
-    rows = []
+    rows, baselines = [], {}  # the baseline's forecast at each point serves every variant
     for variant in sorted(set(curves["variant"]) - {"baseline"}):
         row = {"variant": variant, "stopped_at": None, "reason": "", "probability": None}
         for f in cfg.at:
-            d = decide_at(curves, variant, f, budgets, cfg)
+            d = decide_at(curves, variant, f, budgets, cfg, baselines)
             row["reason"], row["probability"] = d.reason, d.probability
             if d.stop:
                 row.update(stopped_at=f, predicted=d.variant_final, baseline_predicted=d.baseline_final)

@@ -154,3 +154,47 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     assert history_steps(client, run_id, "train/loss") == list(range(1, 9))  # each step once, no splice
     samples = [m.value for m in sorted(client.get_metric_history(run_id, X), key=lambda m: m.step)]
     assert samples == sorted(samples) and len(samples) == len(set(history_steps(client, run_id, MEAN_AT_16)))
+
+
+def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path):
+    """A kill between tagging one seed's run and the next: the next campaign's monitor applies the
+    recorded stop to every run of the variant (tags and STOP files), not only the tagged one."""
+    from mlflow.tracking import MlflowClient
+
+    from runners import store
+    from runners.adaptive import Monitor, decision_tag
+    from runners.campaign import expand
+    from runners.campaign_runs import child_run
+    from runners.local import run_folder
+    from tests.test_campaign import write_campaign
+
+    camp = load_campaign(
+        write_campaign(
+            tmp_path / "a.yaml",
+            "partial",
+            8,
+            {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}},
+            seeds=[0, 1],
+            fit={"a_grid": "0.05:1.0:0.005"},
+            adaptive={"at": [0.5]},
+        )
+    )
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    members: dict[str, list] = {}
+    for spec in expand(camp):
+        run = child_run(client, camp, spec)
+        members.setdefault(spec.variant, []).append((run.info.run_id, run_folder(tmp_path, spec), 64.0))
+    decision = {"stop": True, "reason": "stop: recorded before a kill", "probability": 0.01}
+    client.set_tag(members["loss=dapo"][0][0], decision_tag(0.5), json.dumps(decision))
+
+    monitor = Monitor(camp.adaptive, client, members, log=lambda m: None)
+    assert monitor.stopped == {"loss=dapo"}
+    for run_id, folder, _ in members["loss=dapo"]:
+        tags = client.get_run(run_id).data.tags
+        assert (
+            json.loads(tags[decision_tag(0.5)])["stop"] is True
+            and "recorded before a kill" in tags[store.STOP_DECISION]
+        )
+        assert json.loads((folder / "STOP").read_text())["reason"] == "stop: recorded before a kill"
+    for _, folder, _ in members["baseline"]:
+        assert not (folder / "STOP").exists()
