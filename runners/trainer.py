@@ -103,6 +103,51 @@ def fp32_head_outside_autocast(model) -> None:
     head.forward = forward
 
 
+NAN = float("nan")
+
+
+class SampledTokenLogps:
+    """Reads, off ``model.generate``, the log-prob the generator gave each token it sampled.
+
+    A forward hook on the model: at every decoding step the model's input is the token sampled
+    from the previous step's logits, so each call pairs the two (temperature applied, as the
+    trainer's log-probs do). The last sampled token has no next step; ``per_completion`` takes
+    it from the completions. Holds one ``batch × vocab`` row of logits at a time.
+    """
+
+    def __init__(self, model: torch.nn.Module, temperature: float) -> None:
+        self.model, self.temperature = model, temperature
+        self.columns: list[torch.Tensor] = []
+        self._last: torch.Tensor | None = None  # log-softmax of the latest step's logits
+
+    def __enter__(self) -> SampledTokenLogps:
+        self._handle = self.model.register_forward_hook(self._hook, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.remove()
+
+    @torch.no_grad()
+    def _hook(self, module, args, kwargs, output) -> None:
+        ids = kwargs.get("input_ids")
+        if self._last is not None and ids is not None:
+            self.columns.append(self._last.gather(1, ids[:, -1:]).squeeze(1))
+        self._last = torch.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
+
+    def per_completion(self, completions: list[list[int]]) -> list[list[float]]:
+        """Each completion's token log-probs under the generator (NaN where none was recorded)."""
+        if self._last is None:
+            return [[NAN] * len(c) for c in completions]
+        cols = torch.stack(self.columns, 1).tolist() if self.columns else [[] for _ in completions]
+        out = []
+        for i, c in enumerate(completions):
+            row = cols[i][: len(c)]
+            if len(c) == len(row) + 1:  # the last token, sampled from the final step's logits
+                row.append(float(self._last[i, c[-1]]))
+            out.append(row + [NAN] * (len(c) - len(row)))
+        return out
+
+
 class ScaleRLTrainer(GRPOTrainer):
     def __init__(self, *args: Any, recipe: Recipe, **kwargs: Any) -> None:
         self.recipe = recipe
@@ -170,35 +215,72 @@ class ScaleRLTrainer(GRPOTrainer):
                 self._metrics["train"]["npr/dropped_prompts"].append(float(len(self.dropped)))
         return rewards_per_func
 
-    # --- zero-variance filtering and loss aggregation -----------------------------
+    # --- after scoring: compute spent, behaviour log-probs, mismatch, filtering and aggregation ---
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return out
+        algo = self.recipe.algorithm
+        self._account_compute(out)
+        if algo.off_policy == "pipeline" and algo.pipeline_lag > 0 and out.get("old_per_token_logps") is None:
+            out["old_per_token_logps"] = self._behaviour_logps(out)
+        self._measure_mismatch(out)
+        self._filter_and_weight(out)
+        return self._pipeline_delay(out) if algo.off_policy == "pipeline" else out
+
+    def _account_compute(self, out: dict) -> None:
+        """Count what generation cost, spent whether or not the batch is filtered later."""
+        generated = out["prompt_mask"].sum() + out["completion_mask"].sum()
+        self.compute_tokens += int(self.accelerator.gather(generated).sum())
+        self.compute_samples += out["advantages"].shape[0] * self.accelerator.num_processes
+
+    @torch.no_grad()
+    def _measure_mismatch(self, out: dict) -> None:
+        """|log-prob under the generator − under the trainer| of the same sampled tokens, same weights.
+
+        The mismatch the FP32 LM head exists to shrink (the generator's and the trainer's kernels
+        round differently). Logged under TRL's names for its vLLM case,
+        ``sampling/sampling_logp_difference/{mean,max}``. Costs one no-grad forward when the step
+        has no behaviour log-probs already (on-policy runs).
+        """
+        sampled = out.get("sampling_per_token_logps")
+        if sampled is None:
+            return
+        trained = out.get("old_per_token_logps")
+        if trained is None:
+            trained = self._behaviour_logps(out)
+        delta = (trained.float() - sampled.float()).abs()
+        delta = delta[out["completion_mask"].bool() & ~torch.isnan(delta)]
+        local = torch.stack(
+            [
+                delta.sum(),
+                torch.tensor(float(delta.numel()), device=delta.device),
+                delta.max() if delta.numel() else delta.new_zeros(()),
+            ]
+        )
+        total, count, peak = self.accelerator.gather(local.unsqueeze(0)).view(-1, 3).T
+        if count.sum() > 0:
+            m = self._metrics["train"]
+            m["sampling/sampling_logp_difference/mean"].append(float(total.sum() / count.sum()))
+            m["sampling/sampling_logp_difference/max"].append(float(peak.max()))
+
+    def _filter_and_weight(self, out: dict) -> None:
+        """Zero-variance filtering (mask whole prompts out) and loss aggregation (weights on advantages)."""
         algo, g = self.recipe.algorithm, self.num_generations
         device = out["advantages"].device
         zero_var = zero_variance_groups(self._last_rewards.to(device), g)
         keep = (~zero_var if algo.zero_variance_filter else torch.ones_like(zero_var)).repeat_interleave(g)
         n_local = out["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
-
-        generated = out["prompt_mask"].sum() + out["completion_mask"].sum()  # generation cost, spent either way
-        self.compute_tokens += int(self.accelerator.gather(generated).sum())
-        self.compute_samples += n_local * self.accelerator.num_processes
-        if algo.off_policy == "pipeline" and algo.pipeline_lag > 0 and out.get("old_per_token_logps") is None:
-            out["old_per_token_logps"] = self._behaviour_logps(out)
-
         mask = out["completion_mask"] * keep[local].unsqueeze(1).to(out["completion_mask"].dtype)
         out["completion_mask"] = mask
         lengths = self.accelerator.gather(mask.sum(1))  # every process's completions, in order
         out["num_items_in_batch"] = lengths.sum()
         weight = aggregation_weights(lengths, keep, g, algo.aggregation)
         out["advantages"] = out["advantages"] * weight[local].to(out["advantages"].dtype)
-
         m = self._metrics["train"]
         m["filter/zero_variance_frac"].append(zero_var.float().mean().item())
         m["filter/effective_prompts"].append(float(keep.view(-1, g)[:, 0].sum()))
-        return self._pipeline_delay(out) if algo.off_policy == "pipeline" else out
 
     # --- PipelineRL lag ---------------------------------------------------------------
     @torch.no_grad()
@@ -238,39 +320,63 @@ class ScaleRLTrainer(GRPOTrainer):
             self.profiler.begin("update")  # forward + backward of this micro-batch; ends in training_step
         return out
 
-    # --- interruptions -------------------------------------------------------------
+    # --- generation: interruptions, and the generator's own token log-probs ----------
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        ln = self.recipe.length
-        if ln.control != "interruption" or not self.model.training:
+        """Generate, returning the log-prob the generator gave each sampled token (TRL's ``logprobs`` channel).
+
+        TRL fills ``logprobs`` only for vLLM; here a :class:`SampledTokenLogps` probe reads them off
+        ``generate``, so TRL's ``sampling_per_token_logps`` exists on this path too and
+        ``_measure_mismatch`` can compare generator and trainer on the same tokens (the FP32 LM head's reason).
+        """
+        if not self.model.training:
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        lo, hi = ln.think_budget
-        self.generation_config.max_new_tokens = hi
+        if self.recipe.length.control == "interruption":
+            return self._generate_interrupted(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        return self._sample(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+
+    def _sample(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False, max_new_tokens=None
+    ):
+        """One call of TRL's generation with the probe attached; ``max_new_tokens`` overrides the length for it."""
+        self.generation_config.max_new_tokens = max_new_tokens or self.max_completion_length
         try:
-            completions, _ = super()._generate_single_turn(
-                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
-            )
-            budgets = [self._rng.randint(lo, hi) for _ in completions]
-            todo: list[tuple[int, list[int]]] = []
-            interrupted = 0
-            for i, (c, budget) in enumerate(zip(completions, budgets, strict=True)):
-                ended = bool(c) and c[-1] in self.eos_token_ids
-                close = find_subsequence(c, self._think_close_ids)
-                if close is not None and close + len(self._think_close_ids) <= budget:
-                    if not ended:
-                        todo.append((i, c))  # thinking closed in time; let the answer finish
-                elif not (ended and len(c) <= budget):
-                    todo.append((i, c[:budget] + self._phrase_ids))  # budget hit: interrupt
-                    interrupted += 1
-            if todo:
-                self.generation_config.max_new_tokens = ln.answer_budget
-                tails, _ = super()._generate_single_turn(
-                    [prompt_ids[i] + prefix for i, prefix in todo], images, multimodal_fields, num_generations
+            with SampledTokenLogps(self.model, self.temperature) as probe:
+                completions, _ = super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
                 )
-                for (i, prefix), tail in zip(todo, tails, strict=True):
-                    completions[i] = prefix + tail
         finally:
             self.generation_config.max_new_tokens = self.max_completion_length
+        return completions, probe.per_completion(completions)
+
+    def _generate_interrupted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        """Interruptions: stop thinking at a budget drawn per completion, append the phrase, let the answer finish."""
+        ln = self.recipe.length
+        lo, hi = ln.think_budget
+        completions, logps = self._sample(prompt_ids, images, multimodal_fields, num_generations, has_tool_images, hi)
+        budgets = [self._rng.randint(lo, hi) for _ in completions]
+        todo: list[tuple[int, list[int], list[float]]] = []  # (row, prefix to continue, its log-probs)
+        interrupted = 0
+        for i, (c, budget) in enumerate(zip(completions, budgets, strict=True)):
+            ended = bool(c) and c[-1] in self.eos_token_ids
+            close = find_subsequence(c, self._think_close_ids)
+            if close is not None and close + len(self._think_close_ids) <= budget:
+                if not ended:
+                    todo.append((i, c, logps[i]))  # thinking closed in time; let the answer finish
+            elif not (ended and len(c) <= budget):
+                # budget hit: interrupt; the phrase is forced, not sampled, so it has no generator log-prob
+                todo.append((i, c[:budget] + self._phrase_ids, logps[i][:budget] + [NAN] * len(self._phrase_ids)))
+                interrupted += 1
+        if todo:
+            tails, tail_logps = self._sample(
+                [prompt_ids[i] + prefix for i, prefix, _ in todo],
+                images,
+                multimodal_fields,
+                num_generations,
+                max_new_tokens=ln.answer_budget,
+            )
+            for (i, prefix, prefix_logps), tail, tail_lp in zip(todo, tails, tail_logps, strict=True):
+                completions[i], logps[i] = prefix + tail, prefix_logps + tail_lp
         self._metrics["train"]["length/interruption_rate"].append(interrupted / max(1, len(completions)))
-        return completions, None
+        return completions, logps
