@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
+from analysis import evidence
 from runners import store
 from runners.store import MEAN_AT_16, PASS_AT_16
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
@@ -183,8 +184,67 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
+    measured = measured_at_budget(curves, x, cfg["margin"])
+    if len(measured):
+        table = table.merge(measured, on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
     return table, {"fits": fits, "forecasts": fcs}
+
+
+def measured_at_budget(curves: pd.DataFrame, x: str, margin: float, level: float = 0.95) -> pd.DataFrame:
+    """Each variant against the baseline where both were measured, no extrapolation.
+
+    At the smaller of the two final computes, each seed's mean@16 (interpolated between its
+    evaluations); the difference of the seed means with a t interval whose seed-to-seed s.d. is
+    pooled over every variant of the campaign at its own final compute (df = Σ(seeds − 1)): seeds
+    are the unit of uncertainty, evaluation noise included. The label uses the paper's margin:
+    ``worse`` / ``better`` (the whole interval beyond it), ``within the margin`` (inside it), else
+    ``not resolved``. Valid whatever the fits say: it describes the budget that was run.
+    """
+    from scipy import stats
+
+    def at(g: pd.DataFrame, where: float) -> np.ndarray:
+        return np.array([np.interp(where, gs[x], gs[MEAN_AT_16]) for _, gs in g.sort_values(x).groupby("seed")])
+
+    groups = dict(tuple(curves.groupby("variant", sort=False)))
+    if "baseline" not in groups:
+        return pd.DataFrame(columns=["variant"])
+    ends = {v: float(g.groupby("seed")[x].max().min()) for v, g in groups.items()}
+    finals = {v: at(g, ends[v]) for v, g in groups.items()}
+    df = sum(len(v) - 1 for v in finals.values())
+    sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in finals.values()) / df)) if df else np.nan
+    t = float(stats.t.ppf(0.5 + level / 2, df)) if df else np.nan
+    rows = []
+    for v, g in groups.items():
+        if v == "baseline":
+            continue
+        where = min(ends[v], ends["baseline"])
+        b, c = at(groups["baseline"], where), at(g, where)
+        delta = float(c.mean() - b.mean())
+        half = t * sd * np.sqrt(1 / len(b) + 1 / len(c)) if df else np.nan
+        lo, hi = delta - half, delta + half
+        if not df:
+            label = "one seed each: no interval"
+        elif hi < -margin:
+            label = "worse"
+        elif lo > margin:
+            label = "better"
+        elif -margin <= lo and hi <= margin:
+            label = f"within the margin ±{margin:g}"
+        else:
+            label = "not resolved"
+        text = f"{label}: Δ {delta:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if df else "")
+        rows.append(
+            {
+                "variant": v,
+                "budget": where,
+                "measured_delta": delta,
+                "measured_lo": lo,
+                "measured_hi": hi,
+                "measured": f"{text} at {where:.3g} {x.split('/')[-1]}",
+            }
+        )
+    return pd.DataFrame(rows)
 
 
 def _spliced(g: pd.DataFrame, x: str) -> str | None:
@@ -255,13 +315,18 @@ def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
     )
 
 
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
 def to_markdown(table: pd.DataFrame) -> str:
     def fmt(v: Any, spec: str) -> str:
         return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
     lines = [
-        "| variant | A [interval] | B | C_mid | final mean@16 | predictable? | verdict vs baseline |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | A [interval] | B | C_mid | final mean@16 | predictable? | verdict vs baseline "
+        "| measured at the budget (95%, seeds) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
         a = (
@@ -279,7 +344,7 @@ def to_markdown(table: pd.DataFrame) -> str:
             verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
         lines.append(
             f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
-            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} |"
+            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} | {_text(r.get('measured'))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -404,12 +469,16 @@ def write_report(
     client = MlflowClient(tracking_uri)
     write_missing_reports(curves, client, out / "reports", log=log)
     (out / "runs.md").write_text(runs_markdown(curves, client))
+    mechanisms = evidence.acted(evidence.mechanism_runs(curves, client))
+    mechanisms.to_csv(out / "mechanisms.csv", index=False)
+    (out / "mechanisms.md").write_text(evidence.to_markdown(mechanisms))
     log(to_markdown(table))
     if parent_run_id is None:
         parent = store.parent_run(client, store.experiment_id(client, campaign))
         parent_run_id = parent.info.run_id if parent else None
     if parent_run_id:
-        for name in ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png", "extrapolation.csv", "runs.md"):
+        names = ("curves.csv", "loo_table.csv", "loo_table.md", "loo_curves.png", "extrapolation.csv", "runs.md")
+        for name in (*names, "mechanisms.md", "mechanisms.csv"):
             if (out / name).is_file():
                 client.log_artifact(parent_run_id, str(out / name), "loo")
     log(f"LOO table → {out / 'loo_table.md'}, curves → {out / 'curves.csv'}, plot → {out / 'loo_curves.png'}")

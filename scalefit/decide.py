@@ -2,9 +2,12 @@
 baseline's (minus the comparison margin), given what both curves show so far?
 
 The probability comes from the two forecasts' calibrated draws of the mean curve at each one's
-budget (independent bootstraps, paired at random). A variant is stopped only when both fits are
-predictable and that probability is below the risk level; anything less certain keeps running,
-with the reason stated. Numbers only: which runs to stop and how is the caller's business.
+budget (independent bootstraps, paired at random). A variant is stopped when both fits are
+predictable and that probability is below the risk level, or when a fit is identified but its
+backtest error exceeds the margin and the probability stays below the risk level even with each
+prediction moved towards the other by its backtest error (z(risk) times it): a gap far larger
+than the error of the forecasts decides what the margin alone cannot. Anything less certain keeps
+running, with the reason stated. Numbers only: which runs to stop and how is the caller's business.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import norm
 
 from scalefit.forecast import Forecast
 from scalefit.uncertainty import central_percentiles
@@ -69,6 +73,20 @@ def decide_stop(
         for who, fc in (("variant", variant), ("baseline", baseline))
         if fc.verdict is None or not fc.verdict.predictable
     ]
+    if unsure and all(
+        fc.verdict is not None and (fc.verdict.predictable or fc.verdict.error_only) for fc in (variant, baseline)
+    ):
+        z = float(norm.ppf(1.0 - risk))
+        e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
+        robust = float(np.mean(v + e_v >= b - e_b - margin))
+        if robust < risk:
+            out.stop = True
+            out.reason = (
+                f"stop: P(final >= baseline - {margin:g}) = {robust:.3f} < risk {risk:g} even with the predictions "
+                f"moved towards each other by their backtest errors (+{e_v:.3f}, -{e_b:.3f}) "
+                f"(predicted {out.variant_final:.3f} vs baseline {out.baseline_final:.3f})"
+            )
+            return out
     if unsure:
         out.reason = "keep running: " + "; ".join(unsure)
     elif out.probability < risk:

@@ -166,6 +166,7 @@ class Verdict:
     predictable: bool
     reasons: list[str]
     more_compute: float | None = None  # factor on the fitted compute the backtests suggest, if known
+    error_only: bool = False  # identified (knee reached, no grid edge, no structure); only its backtest error > margin
 
     @property
     def label(self) -> str:
@@ -188,6 +189,7 @@ class Verdict:
             "predictable": self.predictable,
             "reasons": list(self.reasons),
             "more_compute": self.more_compute,
+            "error_only": self.error_only,
         }
 
 
@@ -464,8 +466,10 @@ def _verdict(fc: Forecast) -> Verdict:
         reasons.append(f"A = {f.A:.3f} on the edge of its grid [{f.a_grid.min():.3f}, {f.a_grid.max():.3f}]")
     if f.cmid_at_edge:
         reasons.append(f"C_mid = {f.C_mid:.4g} on the edge of its grid")
+    identified = not reasons
     err = fc.expected_error
-    if err is not None and err > fc.margin:
+    error_reason = err is not None and err > fc.margin
+    if error_reason:
         reasons.append(f"backtest error {err:.3f} at {fc.ratio:.2g}x > margin {fc.margin}")
         trend = _error_trend(fc.backtests, fc.margin, c_fit)
         if trend is not None:
@@ -477,7 +481,8 @@ def _verdict(fc: Forecast) -> Verdict:
             f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the sigmoid "
             "does not explain"
         )
-    return Verdict(not reasons, reasons, max(more) if more and reasons else None)
+    error_only = identified and error_reason and len(reasons) == 1
+    return Verdict(not reasons, reasons, max(more) if more and reasons else None, error_only)
 
 
 def _error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float | None:

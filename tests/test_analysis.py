@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.loo import extrapolation_check, fit_table, to_markdown
+from analysis.loo import extrapolation_check, fit_table, measured_at_budget, to_markdown
 from scalefit.synthetic import synthetic_curve
 
 X = "compute/gpu_hours"
@@ -160,3 +160,62 @@ def test_fitting_against_wall_clock_warns_about_shared_machines():
     df = curves({"baseline": (2542, 1.92, 0.61)})
     with pytest.warns(UserWarning, match="wall-clock time: on a shared or loaded machine"):
         fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50)
+
+
+def test_measured_at_the_budget_separates_what_the_seeds_resolve():
+    df = curves(
+        {"baseline": (2542, 1.92, 0.61), "lr=slow": (2542, 1.92, 0.50), "agg=same": (2542, 1.92, 0.61)}, seeds=(0, 1, 2)
+    )
+    m = measured_at_budget(df, X, margin=0.02).set_index("variant")
+    slow = m.loc["lr=slow"]
+    assert slow["measured"].startswith("worse") and slow["measured_hi"] < -0.02
+    assert slow["measured_lo"] <= -0.105 <= slow["measured_hi"]  # the planted difference at 16k (0.61 - 0.50, ~97%)
+    same = m.loc["agg=same"]
+    assert same["measured_lo"] <= 0.0 <= same["measured_hi"] and not same["measured"].startswith(("worse", "better"))
+    # a variant whose budget ends earlier (PPO-off-policy at equal samples) is compared where both were measured
+    short = curves({"ppo=on": (2542, 1.92, 0.61)}, c_max=8_000.0)
+    both = measured_at_budget(pd.concat([df, short]), X, margin=0.02).set_index("variant")
+    assert both.loc["ppo=on", "budget"] == pytest.approx(8_000.0, rel=0.01)
+    assert "at 8e+03 gpu_hours" in both.loc["ppo=on", "measured"]
+    # one seed each: no interval is claimed
+    one = measured_at_budget(df[df["seed"] == 0], X, margin=0.02)
+    assert one["measured"].str.startswith("one seed each").all() and one["measured_lo"].isna().all()
+    # and the LOO table carries it
+    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    assert table.set_index("variant").loc["lr=slow", "measured"].startswith("worse")
+    assert "measured at the budget" in to_markdown(table)
+
+
+def test_mechanism_table_says_which_axis_acted(tmp_path):
+    """From a real MLflow store: an axis acts when its own metric leaves the baseline's seed range,
+    appears or vanishes; one whose metric stays inside it did not act."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.evidence import acted, mechanism_runs, to_markdown
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("evidence")
+    logged = {  # variant/seed → {metric: per-step values}
+        ("baseline", 0): {"sampling/sampling_logp_difference/mean": [2.0e-4, 2.2e-4], "cispo_clip_ratio": [0.0, 0.0]},
+        ("baseline", 1): {"sampling/sampling_logp_difference/mean": [2.3e-4, 2.1e-4], "cispo_clip_ratio": [0.0, 0.0]},
+        ("fp32=off", 0): {"sampling/sampling_logp_difference/mean": [2.8e-4, 2.6e-4]},
+        ("fp32=off", 1): {"sampling/sampling_logp_difference/mean": [2.7e-4, 2.7e-4]},
+        ("fp32=same", 0): {"sampling/sampling_logp_difference/mean": [2.1e-4, 2.2e-4]},
+        ("loss=dapo", 0): {"clip_ratio/region_mean": [0.004, 0.006]},
+        ("aggregation=sample", 0): {},
+    }
+    rows = []
+    for (variant, seed), metrics in logged.items():
+        run = client.create_run(exp).info.run_id
+        for name, values in metrics.items():
+            for step, v in enumerate(values):
+                client.log_metric(run, f"train/{name}", v, step=step)
+        axis = variant.split("=")[0] if "=" in variant else None
+        rows.append({"run_id": run, "variant": variant, "axis": "fp32" if axis == "fp32" else axis, "seed": seed})
+    table = acted(mechanism_runs(pd.DataFrame(rows), client)).set_index("variant")
+    assert table.loc["fp32=off", "acted"].startswith("acted: logp mismatch")
+    assert table.loc["fp32=same", "acted"].startswith("did not act")
+    assert table.loc["loss=dapo", "acted"] == "acted: clipped (DAPO/GSPO) — → 0.005; clipped (CISPO) 0 → —"
+    assert table.loc["aggregation=sample", "acted"].startswith("no mechanism metric")
+    assert table.loc["baseline", "logp mismatch"] == pytest.approx(2.15e-4)
+    assert "| fp32=off |" in to_markdown(table.reset_index())
