@@ -364,18 +364,23 @@ def test_loss_type_mapping():
 def test_pipeline_lag_trains_on_the_batch_generated_lag_steps_earlier(random_model_dir, tmp_path):
     recipe = make_recipe(algorithm={"pipeline_lag": 1, "zero_variance_filter": False})
     trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
-    got = []
+    got, at_generation = [], {}
     for step in range(3):
         trainer.state.global_step = step
         got.append(scored_batch(trainer, REWARDS))
+        with torch.no_grad():  # the policy that generated this step's batch, then a training update
+            at_generation[step] = _policy_logps(trainer, trainer._pipeline[-1][1])
+            for p in trainer.model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
     # step 0 trains on its own batch, step 1 still on batch 0 (pipeline filling), step 2 on batch 1
     assert got[1] is got[0] and got[2] is not got[1]
     assert [born for born, _ in trainer._pipeline] == [1, 2] and trainer._pipeline[0][1] is got[2]
     assert trainer._metrics["train"]["off_policy/staleness"] == [0.0, 1.0, 1.0]
-    with torch.no_grad():  # behaviour log-probs were recorded at generation, under the generating policy
+    with torch.no_grad():  # behaviour log-probs are the generating policy's, not today's weights'
         mask = got[2]["completion_mask"].bool()
-        want = _policy_logps(trainer, got[2])
-        torch.testing.assert_close(got[2]["old_per_token_logps"][mask], want[mask], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got[2]["old_per_token_logps"][mask], at_generation[1][mask], rtol=1e-4, atol=1e-5)
+        now = _policy_logps(trainer, got[2])
+        assert (got[2]["old_per_token_logps"][mask] - now[mask]).abs().max() > 1e-3
 
 
 def test_pipeline_lag_is_bounded_by_k():

@@ -113,6 +113,28 @@ def test_local_model_and_jsonl_dataset_train_through_the_same_path(tiny_base, tm
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [0, 2]
     assert 0.0 <= lines[-1]["val/mean_at_16"] <= 1.0 and final["compute/tokens"] > 0
+    # only the file's problems reach the model, with the file's answers (the embedded task's
+    # problems have 2-5 operands and would not be in this set)
+    rows = {json.loads(x)["problem"]: json.loads(x)["answer"] for x in data.read_text().splitlines()}
+    samples = [
+        x for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines() for x in json.loads(line)["samples"]
+    ]
+    assert samples
+    for x in samples:
+        problem = x["prompt"].removeprefix("Q: ").strip()
+        assert problem in rows and x["answer"] == rows[problem], x
+    assert lines[-1]["val/prompts"] == 8
+    # compute as the README defines it: 2 steps x 2 prompts x 4 completions; (2 + 6 x 1 epoch) x params x tokens
+    model, _ = load_model_and_tokenizer(tiny_base)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert final["compute/samples"] == 16
+    assert final["compute/flops"] == pytest.approx(8 * n_params * final["compute/tokens"])
+    # the best step by mean@16 is kept as a loadable model in best/
+    best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
+    top = max(lines, key=lambda x: x["val/mean_at_16"])
+    assert best == {"step": top["step"], "val/mean_at_16": top["val/mean_at_16"]}
+    assert final["val/best_mean_at_16"] == top["val/mean_at_16"]
+    load_model_and_tokenizer(tmp_path / "run" / "best")
 
 
 def test_loading_errors_name_the_file_and_field(tiny_base, tmp_path):
