@@ -55,9 +55,10 @@ def find_subsequence(seq: list[int], sub: list[int]) -> int | None:
     return None
 
 
-def zero_variance_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """True for each prompt whose ``group_size`` rewards are all equal (no learning signal)."""
-    grouped = rewards.view(-1, group_size)
+def zero_variance_groups(values: torch.Tensor, group_size: int) -> torch.Tensor:
+    """True for each prompt whose ``group_size`` values are all equal: rewards all equal, or, the
+    same thing after group centring, advantages all zero (no learning signal)."""
+    grouped = values.view(-1, group_size)
     return (grouped.amax(1) - grouped.amin(1)).abs() < 1e-6
 
 
@@ -153,7 +154,6 @@ class ScaleRLTrainer(GRPOTrainer):
         self.recipe = recipe
         self.pass_history: dict[int, list[int]] = defaultdict(lambda: [0, 0])  # prompt_id → [correct, seen]
         self.dropped: set[int] = set()
-        self._last_rewards: torch.Tensor | None = None
         self._rng = random.Random(recipe.train.seed)
         self.compute_tokens = 0  # prompt + completion tokens of every generated completion (filtered or not)
         self.compute_samples = 0  # completions generated
@@ -201,7 +201,6 @@ class ScaleRLTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         with self.profiler.phase("reward"):
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._last_rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
         if self.model.training:
             ids = gather_object([x["prompt_id"] for x in inputs])
             passed = (rewards_per_func[:, 0] > 0).tolist()  # the first reward is the accuracy reward
@@ -268,7 +267,7 @@ class ScaleRLTrainer(GRPOTrainer):
         """Zero-variance filtering (mask whole prompts out) and loss aggregation (weights on advantages)."""
         algo, g = self.recipe.algorithm, self.num_generations
         device = out["advantages"].device
-        zero_var = zero_variance_groups(self._last_rewards.to(device), g)
+        zero_var = zero_variance_groups(self.accelerator.gather(out["advantages"]).to(device), g)
         keep = (~zero_var if algo.zero_variance_filter else torch.ones_like(zero_var)).repeat_interleave(g)
         n_local = out["advantages"].shape[0]
         local = slice(self.accelerator.process_index * n_local, (self.accelerator.process_index + 1) * n_local)
