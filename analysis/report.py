@@ -1,8 +1,10 @@
 """A written report of one run, from its MLflow data: overview, plots, time and memory profile,
 and anomalies with the numbers behind them.
 
-``write_run_report(run)`` writes ``report.md`` and PNG plots to a folder and logs them to the run
-under ``report/``. Tracked runs call it when they finish; ``make report RUN=<id or name>`` any time.
+``summarize_run`` computes what a report says, ``render_plots`` / ``render_markdown`` format it,
+and ``write_run_report(run)`` does all three, writing ``report.md`` and PNG plots to a folder and
+logging them to the run under ``report/``. ``analysis fit`` writes one per finished run of a
+campaign that has none; ``make report RUN=<id or name>`` any time.
 """
 
 from __future__ import annotations
@@ -266,25 +268,45 @@ def _against(h: dict[str, pd.Series], y: str, x: str) -> pd.Series | None:
     return pd.Series(df["y"].to_numpy(), index=df["x"].to_numpy())
 
 
-def write_run_report(
-    ref: str,
-    out: Path | None = None,
-    *,
-    tracking_uri: str | None = None,
-    experiment: str | None = None,
-    log_to_run: bool = True,
-) -> Path:
-    """Write ``report.md`` + PNGs for a run and log them to it under ``report/``; returns the Markdown path."""
-    client = MlflowClient(tracking_uri)
-    run = resolve_run(client, ref, experiment)
-    name, rid = run.info.run_name or run.info.run_id, run.info.run_id
-    out = out or Path("artifacts/reports") / re.sub(r"[^A-Za-z0-9_.=-]+", "-", f"{name}-{rid[:8]}")
-    out.mkdir(parents=True, exist_ok=True)
+@dataclass
+class RunSummary:
+    """Everything a run's report says, computed once from MLflow; rendering only formats it."""
+
+    name: str
+    run_id: str
+    experiment: str
+    status: str
+    settings: dict[str, str]
+    h: dict[str, pd.Series]  # metric histories by step (system metrics left out)
+    per_step: dict[str, float]  # seconds per training step by phase (evaluation amortised)
+    peaks: dict[str, float]  # GiB
+    findings: list[Finding]
+
+
+def summarize_run(client: MlflowClient, run: Run) -> RunSummary:
     h = histories(client, run)
     p = run.data.params
-    n_val = int(p.get("eval.prompts", 0) or 0)
-    g = h.get
+    steps = max(1.0, float(max((s.index.max() for s in h.values() if len(s)), default=1)))
+    per_step = {ph: float(h[f"train/time/{ph}_seconds"].mean()) for ph in PHASES[:3] if f"train/time/{ph}_seconds" in h}
+    if "val/seconds" in h:
+        per_step["evaluation"] = float(h["val/seconds"].sum()) / steps
+    return RunSummary(
+        name=run.info.run_name or run.info.run_id,
+        run_id=run.info.run_id,
+        experiment=client.get_experiment(run.info.experiment_id).name,
+        status=run.info.status,
+        settings={k: p[k] for k in KEY_SETTINGS if k in p and p[k] not in ("None", "")},
+        h=h,
+        per_step=per_step,
+        peaks={k.split("memory/")[1]: float(h[k].max()) for k in h if "memory/" in k},
+        findings=find_anomalies(h, int(p.get("eval.prompts", 0) or 0)),
+    )
 
+
+def render_plots(r: RunSummary, out: Path) -> list[str]:
+    """The report's PNGs under ``out``; returns the names of those written (series that exist)."""
+    h, g = r.h, r.h.get
+    clipped = g("train/completions/clipped_ratio")
     plots = {
         "reward.png": (
             "Reward: mean and within-group std",
@@ -304,9 +326,7 @@ def write_run_report(
             {
                 "mean": g("train/completions/mean_length"),
                 "max": g("train/completions/max_length"),
-                "truncated x 100": None
-                if g("train/completions/clipped_ratio") is None
-                else 100 * h["train/completions/clipped_ratio"],
+                "truncated x 100": None if clipped is None else 100 * clipped,
             },
         ),
         "tokens.png": (
@@ -323,37 +343,35 @@ def write_run_report(
         xlabel=x,
     ):
         written.insert(0, "validation.png")
-
-    # time profile of a step, by phase (evaluation amortised over the steps between evaluations)
-    steps = max(1.0, float(max((s.index.max() for s in h.values() if len(s)), default=1)))
-    per_step = {ph: float(h[f"train/time/{ph}_seconds"].mean()) for ph in PHASES[:3] if f"train/time/{ph}_seconds" in h}
-    if "val/seconds" in h:
-        per_step["evaluation"] = float(h["val/seconds"].sum()) / steps
-    if per_step:
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6.4, 1.8))
-        left = 0.0
-        for ph, secs in per_step.items():
-            ax.barh([0], [secs], left=left, label=f"{ph} {secs:.2f}s")
-            left += secs
-        ax.set(yticks=[], xlabel="seconds per training step", title="Time profile of a step")
-        ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45))
-        fig.savefig(out / "time_profile.png", dpi=110, bbox_inches="tight")
-        plt.close(fig)
+    if r.per_step:
+        _time_profile(out / "time_profile.png", r.per_step)
         written.append("time_profile.png")
     mem_keys = sorted(k for k in h if k.startswith(("train/memory/", "memory/")) and "peak" not in k)
     if _plot(out / "memory.png", "Memory by phase (GiB)", {k.split("memory/")[1]: h[k] for k in mem_keys}):
         written.append("memory.png")
+    return written
 
-    findings = find_anomalies(h, n_val)
-    md = [f"# Run report: {name}", ""]
-    md += [
-        f"Run `{rid}` in experiment `{client.get_experiment(run.info.experiment_id).name}`, status {run.info.status}."
-    ]
+
+def _time_profile(path: Path, per_step: dict[str, float]) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 1.8))
+    left = 0.0
+    for ph, secs in per_step.items():
+        ax.barh([0], [secs], left=left, label=f"{ph} {secs:.2f}s")
+        left += secs
+    ax.set(yticks=[], xlabel="seconds per training step", title="Time profile of a step")
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def render_markdown(r: RunSummary, plots: list[str]) -> str:
+    h = r.h
+    md = [f"# Run report: {r.name}", "", f"Run `{r.run_id}` in experiment `{r.experiment}`, status {r.status}."]
     md += ["", "## Overview", "", "| setting | value |", "|---|---|"]
-    md += [f"| {k} | {p[k]} |" for k in KEY_SETTINGS if k in p and p[k] not in ("None", "")]
-    val = g(MEAN_AT_16)
+    md += [f"| {k} | {v} |" for k, v in r.settings.items()]
+    val = h.get(MEAN_AT_16)
     if val is not None and len(val):
         md += ["", "## Results", ""]
         md.append(
@@ -361,7 +379,7 @@ def write_run_report(
             f"{val.index[-1]} (best {val.max():.3f} at step {val.idxmax()})"
         )
         if PASS_AT_16 in h:
-            md.append(f"- pass@16: {h['val/pass_at_16'].iloc[0]:.3f} → {h['val/pass_at_16'].iloc[-1]:.3f}")
+            md.append(f"- pass@16: {h[PASS_AT_16].iloc[0]:.3f} → {h[PASS_AT_16].iloc[-1]:.3f}")
     for key, label, spec in (
         ("compute/gpu_hours", "device-hours of training", ".4f"),
         ("compute/samples", "completions generated", ",.0f"),
@@ -370,23 +388,38 @@ def write_run_report(
         if key in h and len(h[key]):
             md.append(f"- {label}: {format(h[key].iloc[-1], spec)}")
     md += ["", "## Anomalies", ""]
-    md += [f"- **{f.kind}**: {f.text}" for f in findings] or [
+    md += [f"- **{f.kind}**: {f.text}" for f in r.findings] or [
         "None found (reward dips/spikes, truncation > 10%, entropy collapse, validation regressions, NaN/inf)."
     ]
-    if per_step:
-        total = sum(per_step.values())
+    if r.per_step:
+        total = sum(r.per_step.values())
         md += ["", "## Time per training step", "", "| phase | seconds | share |", "|---|---|---|"]
-        md += [f"| {ph} | {s:.3f} | {s / total:.0%} |" for ph, s in per_step.items()]
-        if "update" not in per_step:
+        md += [f"| {ph} | {s:.3f} | {s / total:.0%} |" for ph, s in r.per_step.items()]
+        if "update" not in r.per_step:
             md += ["", "Training phases were not recorded (the run predates per-phase profiling)."]
-    peaks = {k.split("memory/")[1]: float(h[k].max()) for k in h if "memory/" in k}
-    if peaks:
+    if r.peaks:
         md += ["", "## Peak memory (GiB)", "", "| measure | peak |", "|---|---|"]
-        md += [f"| {k} | {v:.3f} |" for k, v in sorted(peaks.items())]
-    md += ["", "## Plots", ""] + [f"![{f.removesuffix('.png')}]({f})" for f in written]
+        md += [f"| {k} | {v:.3f} |" for k, v in sorted(r.peaks.items())]
+    md += ["", "## Plots", ""] + [f"![{f.removesuffix('.png')}]({f})" for f in plots]
+    return "\n".join(md) + "\n"
+
+
+def write_run_report(
+    ref: str,
+    out: Path | None = None,
+    *,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    log_to_run: bool = True,
+) -> Path:
+    """Write ``report.md`` + PNGs for a run and log them to it under ``report/``; returns the Markdown path."""
+    client = MlflowClient(tracking_uri)
+    summary = summarize_run(client, resolve_run(client, ref, experiment))
+    out = out or Path("artifacts/reports") / re.sub(r"[^A-Za-z0-9_.=-]+", "-", f"{summary.name}-{summary.run_id[:8]}")
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "report.md"
-    path.write_text("\n".join(md) + "\n")
+    path.write_text(render_markdown(summary, render_plots(summary, out)))
     if log_to_run:
-        client.log_artifacts(rid, str(out), "report")
-        client.set_tag(rid, store.REPORT, "report/report.md")
+        client.log_artifacts(summary.run_id, str(out), "report")
+        client.set_tag(summary.run_id, store.REPORT, "report/report.md")
     return path
