@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -92,9 +93,16 @@ class SeedSpread:
             "A_half_range": float((a.max() - a.min()) / 2.0),
             "margin": self.margin,
             "within_margin": bool((a.max() - a.min()) / 2.0 <= self.margin),
+            "warnings": [f"{k}: {w}" for k, f in self.fits.items() for w in f.warnings],
         }
 
 
 def seed_spread(curves: Mapping[str, tuple[Any, Any]], margin: float = 0.02, **fit_kwargs: Any) -> SeedSpread:
-    """Fit each seed's curve on its own; the spread of A is the recipe's run-to-run noise."""
-    return SeedSpread({name: fit_sigmoid(c, v, **fit_kwargs) for name, (c, v) in curves.items()}, margin)
+    """Fit each seed's curve on its own; the spread of A is the recipe's run-to-run noise.
+
+    Grid-edge notes stay on each seed's fit (``SeedSpread.fits[name].warnings``, and ``to_dict``'s
+    ``warnings``) instead of being raised once per seed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = {name: fit_sigmoid(c, v, **fit_kwargs) for name, (c, v) in curves.items()}
+    return SeedSpread(fits, margin)
