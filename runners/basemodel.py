@@ -162,11 +162,25 @@ def use_one_gpu(args) -> None:
         args._n_gpu = 1
 
 
-def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None, attention: str | None = None):
-    """Load any local Hugging Face checkpoint with its tokenizer; clear errors for missing pieces."""
+def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None, attention: str | None = None, quantization=None):
+    """Load any local Hugging Face checkpoint with its tokenizer; clear errors for missing pieces.
+
+    A folder of LoRA adapters (``adapter_config.json``, as a LoRA run's ``best/`` holds) loads its
+    base model (``base_model_name_or_path``) with the adapters applied."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"model {p}: no such directory")
+    adapter = p / "adapter_config.json"
+    if adapter.is_file():
+        base = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        if not base or not Path(base).is_dir():
+            raise FileNotFoundError(f"model {p}: LoRA adapters whose base model {base!r} is not a local directory")
+        from peft import PeftModel  # noqa: PLC0415 - only adapter folders need peft
+
+        model, tokenizer = load_model_and_tokenizer(base, torch_dtype=torch_dtype, attention=attention)
+        if any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+            tokenizer = AutoTokenizer.from_pretrained(str(p))
+        return PeftModel.from_pretrained(model, str(p)), tokenizer
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"model {p}: no config.json, not a Hugging Face checkpoint")
     if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
@@ -174,5 +188,7 @@ def load_model_and_tokenizer(path: str | Path, *, torch_dtype=None, attention: s
     tokenizer = AutoTokenizer.from_pretrained(str(p))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype, attn_implementation=attention)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(p), dtype=torch_dtype, attn_implementation=attention, quantization_config=quantization
+    )
     return model, tokenizer

@@ -263,7 +263,10 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def fmt_value(v: Any) -> str:
-    """An axis value as it appears in a variant's name: booleans as on/off."""
+    """An axis value as it appears in a variant's name: booleans as on/off, a section as key+value pairs
+    (``model.lora: {r: 8}`` → ``lora=r8``)."""
     if isinstance(v, bool):
         return "on" if v else "off"
+    if isinstance(v, dict):
+        return "-".join(f"{k}{fmt_value(x)}" for k, x in v.items()) or "default"
     return str(v)

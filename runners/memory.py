@@ -26,6 +26,7 @@ class Dims:
     layers: int
     heads: int
     vocab: int
+    intermediate: int = 0
 
 
 def model_dims(recipe: Recipe) -> Dims:
@@ -40,7 +41,17 @@ def model_dims(recipe: Recipe) -> Dims:
         s = SIZES[recipe.model.size]
         h, n, a, inter, v = s.hidden, s.layers, s.heads, s.intermediate, len(build_tokenizer())
     params = n * (4 * h * h + 3 * h * inter) + 2 * v * h
-    return Dims(params, h, n, a, v)
+    return Dims(params, h, n, a, v, inter)
+
+
+def lora_params(recipe: Recipe, d: Dims) -> int:
+    """Trainable adapter parameters: r x (in + out) per targeted projection per layer (Llama-style names)."""
+    lo = recipe.model.lora
+    if lo is None:
+        return d.params
+    shape = {"gate_proj": d.hidden + d.intermediate, "up_proj": d.hidden + d.intermediate}
+    shape["down_proj"] = d.intermediate + d.hidden
+    return d.layers * sum(lo.r * shape.get(name, 2 * d.hidden) for name in lo.target_modules)
 
 
 def estimate(recipe: Recipe, dims: Dims | None = None) -> dict[str, float]:
@@ -52,8 +63,13 @@ def estimate(recipe: Recipe, dims: Dims | None = None) -> dict[str, float]:
     attn_scores = 0 if recipe.model.attention == "sdpa" else d.heads * seq * seq * 4  # eager keeps them (fp32)
     per_seq_layer = seq * 17 * d.hidden * act_bytes + attn_scores
     kv = 2 * d.layers * d.hidden * seq * 4  # per sequence, fp32 weights → fp32 cache
+    trainable = lora_params(recipe, d)
+    frozen_bytes = 0.5 if recipe.model.quantization == "4bit" else 4
+    state_key = "weights, gradients, AdamW state"
+    if recipe.model.lora is not None:
+        state_key = f"frozen weights + {trainable:,} trainable adapter parameters with gradients and AdamW state"
     out = {
-        "weights, gradients, AdamW state": 16 * d.params / GIB,
+        state_key: ((frozen_bytes * d.params if recipe.model.lora is not None else 0) + 16 * trainable) / GIB,
         f"training activations (micro-batch {micro} x {seq} tokens)": micro * d.layers * per_seq_layer / GIB,
         f"logits (micro-batch {micro} x {seq} x vocab {d.vocab}, fp32)": 3 * micro * seq * d.vocab * 4 / GIB,
         f"generation KV cache ({recipe.rollouts} completions)": recipe.rollouts * kv / GIB,
@@ -61,8 +77,8 @@ def estimate(recipe: Recipe, dims: Dims | None = None) -> dict[str, float]:
             recipe.eval.batch_prompts * recipe.eval.samples * kv / GIB
         ),
     }
-    state = out["weights, gradients, AdamW state"]
-    phases = {k: v for k, v in out.items() if k != "weights, gradients, AdamW state"}
+    state = out[state_key]
+    phases = {k: v for k, v in out.items() if k != state_key}
     train_phase = sum(v for k, v in phases.items() if k.startswith(("training", "logits")))
     gen = next(v for k, v in phases.items() if k.startswith("generation"))
     ev = next(v for k, v in phases.items() if k.startswith("evaluation"))

@@ -1,4 +1,5 @@
-"""The batch plan (seeds 000 and 003): what a recipe's batch shape means, and TRL's arguments for it."""
+"""The batch plan (seeds 000 and 003): what a recipe's batch shape means, and TRL's arguments for it
+(``trl_args`` for GRPOConfig, ``peft_config`` for the trainer's LoRA adapters: the one recipe→TRL mapping)."""
 
 from __future__ import annotations
 
@@ -119,6 +120,22 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
     ]
 
 
+def peft_config(r: Recipe):
+    """The PEFT ``LoraConfig`` TRL's trainer takes as ``peft_config`` (None: full fine-tuning)."""
+    lo = r.model.lora
+    if lo is None:
+        return None
+    from peft import LoraConfig  # noqa: PLC0415 - only LoRA recipes need peft
+
+    return LoraConfig(
+        r=lo.r,
+        lora_alpha=lo.alpha,
+        lora_dropout=lo.dropout,
+        target_modules=list(lo.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
 def format_plan(r: Recipe) -> str:
     rows = plan_lines(r)
     w1 = max(len(q) for q, _, _ in rows)
@@ -138,6 +155,14 @@ def format_plan(r: Recipe) -> str:
         f"    zero_variance_filter {a.zero_variance_filter}, sampling {a.sampling}"
         + (f" (threshold {a.npr_threshold})" if a.sampling == "no_positive_resampling" else ""),
         f"    length control {r.length.control} → max_completion_length={r.max_completion_tokens}",
+        "    model: "
+        + (
+            "full fine-tuning (every weight trains)"
+            if r.model.lora is None
+            else f"LoRA r={r.model.lora.r}, alpha={r.model.lora.alpha:g}, dropout={r.model.lora.dropout:g} on "
+            f"{', '.join(r.model.lora.target_modules)} → peft_config (only the adapters train)"
+            + (", weights in 4-bit NF4 (QLoRA)" if r.model.quantization == "4bit" else "")
+        ),
         "",
         "  Device memory (estimate, runners.memory):",
         *format_estimate(estimate(r)),

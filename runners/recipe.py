@@ -30,11 +30,23 @@ class RecipeError(ValueError):
 
 
 @dataclass
+class LoraSection:
+    """LoRA adapters (PEFT) in place of full fine-tuning: only the adapters train."""
+
+    r: int = 16
+    alpha: float = 32.0
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
 class ModelConfig:
     size: str | None = "small"  # embedded base model: tiny | small | medium
     path: str | None = None  # or any local Hugging Face checkpoint directory
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["sdpa", "eager"] = "sdpa"  # transformers' attn_implementation
+    lora: LoraSection | None = None  # train LoRA adapters instead of every weight
+    quantization: Literal["none", "4bit"] = "none"  # 4bit: QLoRA (bitsandbytes NF4, CUDA only; needs lora)
 
 
 @dataclass
@@ -313,6 +325,10 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise RecipeError(f"{where} = {value!r}: expected a list of {len(args)} numbers, e.g. {list(args)}")
         return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin is list:
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+            raise RecipeError(f"{where} = {value!r}: expected a non-empty list of names, e.g. [q_proj, v_proj]")
+        return list(value)
     if origin is dict:
         if not isinstance(value, dict):
             raise RecipeError(f"{where} = {value!r}: expected a mapping, e.g. {{exact_match: 1.0}}")
@@ -361,6 +377,15 @@ def validate(r: Recipe) -> None:
         f"got size={m.size!r}, path={m.path!r}",
     )
     _require(m.size is None or m.size in SIZES, f"model.size = {m.size!r}: choose one of {', '.join(SIZES)}")
+    if m.lora is not None:
+        lo = m.lora
+        _require(lo.r >= 1, f"model.lora.r = {lo.r}: the adapter rank must be >= 1 (e.g. 16)")
+        _require(lo.alpha > 0, f"model.lora.alpha = {lo.alpha}: must be > 0 (e.g. 2 x r)")
+        _require(0 <= lo.dropout < 1, f"model.lora.dropout = {lo.dropout}: must be in [0, 1)")
+    _require(
+        m.quantization == "none" or m.lora is not None,
+        "model.quantization = 4bit: quantized weights cannot be trained; add model.lora (QLoRA trains adapters)",
+    )
     tp = r.data.train_prompts
     _require(
         tp is None or tp >= r.batch.prompts,

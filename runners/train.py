@@ -35,7 +35,7 @@ from runners.campaign import STOP_FILE
 from runners.data import load_rows, task_of
 from runners.evaluation import evaluate
 from runners.memory import check_fits, estimate, largest_part
-from runners.plan import trl_args
+from runners.plan import peft_config, trl_args
 from runners.profiling import PhaseProfiler
 from runners.recipe import Recipe, RecipeError
 from runners.rewards import REWARDS
@@ -274,6 +274,36 @@ def _logged_steps(path: Path) -> set[int]:
     return steps
 
 
+def check_quantization(recipe: Recipe) -> None:
+    """QLoRA needs CUDA and bitsandbytes: refuse before anything loads."""
+    if recipe.model.quantization != "4bit":
+        return
+    if not torch.cuda.is_available():
+        raise RecipeError(
+            "model.quantization = 4bit: bitsandbytes' NF4 weights need a CUDA GPU and this machine has none; "
+            "remove model.quantization (LoRA alone runs on CPU) or run on a GPU"
+        )
+    try:
+        import bitsandbytes  # noqa: F401, PLC0415
+    except ImportError:
+        raise RecipeError(
+            "model.quantization = 4bit needs the bitsandbytes package: pip install bitsandbytes"
+        ) from None
+
+
+def check_lora_targets(recipe: Recipe, model: torch.nn.Module) -> None:
+    """Every ``model.lora.target_modules`` name must be a linear layer of this model (one line listing them)."""
+    if recipe.model.lora is None:
+        return
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    missing = [t for t in recipe.model.lora.target_modules if t not in linear]
+    if missing:
+        raise RecipeError(
+            f"model.lora.target_modules: {', '.join(missing)} is not a linear layer of this model; "
+            f"its linear layers are: {', '.join(linear)}"
+        )
+
+
 def prepare_model(recipe: Recipe, log=print):
     if recipe.model.path is not None:
         path = Path(recipe.model.path)
@@ -281,7 +311,22 @@ def prepare_model(recipe: Recipe, log=print):
         path = ensure_base_model(recipe.model.size, task_of(recipe), log=log)
     # fp32 master weights always; model.dtype bfloat16 trains under bf16 autocast (GRPOConfig bf16=True).
     # Pure-bf16 weights with Adam went NaN within 10 steps on an H200 (plain TRL too).
-    return load_model_and_tokenizer(path, torch_dtype=torch.float32, attention=recipe.model.attention)
+    # QLoRA: frozen NF4 weights (double quantisation), bf16 compute; only the adapters train.
+    quantization = None
+    if recipe.model.quantization == "4bit":
+        from transformers import BitsAndBytesConfig  # noqa: PLC0415
+
+        quantization = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+    model, tokenizer = load_model_and_tokenizer(
+        path, torch_dtype=torch.float32, attention=recipe.model.attention, quantization=quantization
+    )
+    check_lora_targets(recipe, model)
+    return model, tokenizer
 
 
 def train(
@@ -301,6 +346,7 @@ def train(
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info()
         check_fits(recipe, total / 2**30, free / 2**30, log=log)
+    check_quantization(recipe)
     set_seed(recipe.train.seed)
     model, tokenizer = prepare_model(recipe, log=log)
     train_rows, val_rows = load_rows(recipe, tokenizer)
@@ -330,10 +376,14 @@ def train(
         processing_class=tokenizer,
         callbacks=[progress, *(callbacks or [])],
         recipe=recipe,
+        peft_config=peft_config(recipe),
     )
     progress.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # Progress prints one line per evaluation instead
     progress.n_params = sum(p.numel() for p in trainer.model.parameters())
+    if recipe.model.lora is not None:
+        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        log(f"[{recipe.name}] LoRA: {trainable:,} trainable adapter parameters of {progress.n_params:,}")
     last, skipped = last_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else (None, [])
     for why in skipped:
         log(f"[{recipe.name}] skipping {why}")

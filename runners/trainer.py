@@ -117,7 +117,9 @@ class SampledTokenLogps:
     """
 
     def __init__(self, model: torch.nn.Module, temperature: float) -> None:
-        self.model, self.temperature = model, temperature
+        # generate runs the transformers model inside a PEFT wrapper: hook that one
+        self.model = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.temperature = temperature
         self.columns: list[torch.Tensor] = []
         self._last: torch.Tensor | None = None  # log-softmax of the latest step's logits
 

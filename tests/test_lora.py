@@ -1,0 +1,101 @@
+"""LoRA / QLoRA recipes (issue 17): only adapters train, they checkpoint, resume and reload as the
+best model, and bad settings are refused before anything trains."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from runners.basemodel import load_model_and_tokenizer
+from runners.data import load_rows
+from runners.evaluation import evaluate
+from runners.memory import estimate
+from runners.recipe import RecipeError, recipe_from_dict
+from runners.train import train
+
+R = 4
+
+
+def lora_recipe(base, **model):
+    return recipe_from_dict(
+        {
+            "name": "lora",
+            "model": {"size": None, "path": str(base), "lora": {"r": R, "alpha": 8, "dropout": 0.0}, **model},
+            "data": {"reward": {"exact_match": 1.0, "format": 0.5}},  # format varies: a learning signal
+            "batch": {"prompts": 2, "generations": 4, "micro_batch": 8},
+            "length": {"control": "none", "max_tokens": 24},
+            "optim": {"lr": 1e-3},
+            "train": {"steps": 4, "save_every": 2},
+            "eval": {"prompts": 8, "every": 2, "samples": 4},
+        }
+    )
+
+
+def test_a_lora_run_trains_only_adapters_resumes_them_and_its_best_adapters_reload(tiny_base, tmp_path):
+    recipe = lora_recipe(tiny_base)
+    cfg = json.loads((tiny_base / "config.json").read_text())
+    expected = cfg["num_hidden_layers"] * 4 * R * 2 * cfg["hidden_size"]  # q, k, v, o: r x (in + out)
+    base, _ = load_model_and_tokenizer(tiny_base)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+
+    lines: list[str] = []
+    train(recipe, tmp_path / "run", log=lines.append)
+    assert any(f"LoRA: {expected:,} trainable adapter parameters" in x for x in lines), lines
+    assert f"{expected:,} trainable" in next(k for k in estimate(recipe) if k.startswith("frozen"))
+    # checkpoints and best/ hold the adapters alone, and only they changed
+    for folder in (tmp_path / "run" / "checkpoints" / "checkpoint-4", tmp_path / "run" / "best"):
+        adapters = load_file(folder / "adapter_model.safetensors")
+        assert sum(t.numel() for t in adapters.values()) == expected
+        assert not (folder / "model.safetensors").exists()
+    trained = load_file(tmp_path / "run" / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
+    assert any(t.abs().sum() > 0 for k, t in trained.items() if "lora_B" in k)  # B starts at zero: it trained
+    model, tok = load_model_and_tokenizer(tmp_path / "run" / "best")
+    inner = model.get_base_model()
+    for k, v in inner.state_dict().items():
+        name = k.replace(".base_layer", "")
+        if "lora_" not in k:
+            torch.testing.assert_close(v, before[name], msg=f"{k} is frozen under LoRA")
+
+    # the reloaded best adapters reproduce the logged mean@16 (evaluation is seeded by its step)
+    best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
+    _, val = load_rows(recipe, tok)
+    again = evaluate(model, tok, val, samples=4, max_new_tokens=recipe.max_completion_tokens, seed=best["step"])
+    assert again["mean_at_k"] == pytest.approx(best["val/mean_at_16"])
+
+    # a longer budget resumes the adapters from the last checkpoint
+    longer = lora_recipe(tiny_base)
+    longer.train.steps = 6
+    lines.clear()
+    train(longer, tmp_path / "run", log=lines.append)
+    assert any("resuming from" in x and x.rstrip().endswith("checkpoint-4") for x in lines), lines
+    steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [0, 2, 4, 6]
+
+
+def test_a_target_module_the_model_lacks_is_one_line_naming_its_layers(tiny_base, tmp_path):
+    recipe = lora_recipe(tiny_base)
+    recipe.model.lora.target_modules = ["q_proj", "qkv_proj"]
+    with pytest.raises(
+        RecipeError, match=r"qkv_proj is not a linear layer of this model; its linear layers are: .*q_proj"
+    ):
+        train(recipe, tmp_path / "run", log=lambda m: None)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+def test_qlora_is_refused_without_cuda_before_anything_loads(tmp_path):
+    recipe = lora_recipe(tmp_path / "no-model-here", quantization="4bit")
+    with pytest.raises(RecipeError, match="need a CUDA GPU and this machine has none"):
+        train(recipe, tmp_path / "run", log=lambda m: None)
+
+
+def test_lora_settings_are_checked_with_the_fix_named():
+    with pytest.raises(RecipeError, match="cannot be trained; add model.lora"):
+        recipe_from_dict({"model": {"size": "tiny", "quantization": "4bit"}})
+    with pytest.raises(RecipeError, match=r"model.lora.r = 0: the adapter rank must be >= 1"):
+        recipe_from_dict({"model": {"size": "tiny", "lora": {"r": 0}}})
+    with pytest.raises(RecipeError, match="expected a non-empty list of names"):
+        recipe_from_dict({"model": {"size": "tiny", "lora": {"target_modules": "q_proj"}}})
