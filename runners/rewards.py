@@ -4,13 +4,15 @@ Exact-match answers score ±1 as in the paper; a format reward checks the
 ``<think>…</think><answer>…</answer>`` structure. A recipe composes them with weights in
 one line (``reward: {exact_match: 1.0, format: 0.1}``, seed 003's style), passed to TRL as
 ``reward_funcs`` + ``reward_weights``. ``math`` uses math-verify for real datasets such as
-Polaris-53K; the length-control axis uses TRL's soft overlong punishment.
+Polaris-53K; ``rouge_l`` scores free-text answers (sentences) by ROUGE-L F1 (Google's
+``rouge-score``) against the reference; the length-control axis uses TRL's soft overlong punishment.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from functools import cache
 
 ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 FORMAT_RE = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL)
@@ -60,7 +62,32 @@ def math_verify_reward(prompts, completions, answer: Sequence[str], **_) -> list
     return out
 
 
-REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "format": format_reward, "math": math_verify_reward}
+@cache
+def _rouge_scorer():
+    from rouge_score.rouge_scorer import RougeScorer  # noqa: PLC0415 - only free-text recipes need it
+
+    return RougeScorer(["rougeL"], use_stemmer=True)
+
+
+def rouge_l_reward(prompts, completions, answer: Sequence[str], **_) -> list[float]:
+    """2 x ROUGE-L F1 - 1 between the <answer> (or the whole text, without tags) and the reference
+    sentence: in [-1, 1] like the other rewards, so a sample counts as correct for mean@16 when
+    F1 > 0.5."""
+    scorer = _rouge_scorer()
+    out = []
+    for c, a in zip(completions, answer, strict=True):
+        pred = extract_answer(c)
+        pred = _text(c) if pred is None else pred
+        out.append(2.0 * scorer.score(str(a), pred)["rougeL"].fmeasure - 1.0)
+    return out
+
+
+REWARDS: dict[str, RewardFn] = {
+    "exact_match": exact_match,
+    "format": format_reward,
+    "math": math_verify_reward,
+    "rouge_l": rouge_l_reward,
+}
 
 
 def correct(completion, answer: str, kind: str = "exact_match") -> bool:

@@ -19,7 +19,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOTS = ["trl", "transformers", "tokenizers", "datasets", "accelerate", "mlflow", "math-verify"]
-ROOTS += ["scipy", "numpy", "pandas", "matplotlib", "pyyaml", "psutil"]
+ROOTS += ["scipy", "numpy", "pandas", "matplotlib", "pyyaml", "psutil", "peft"]
+# rouge-score (the rouge_l reward) ships as a source archive only: install it where it is needed
 NEVER = {"torch", "triton"}  # the target's own CUDA build
 ALWAYS = {"trl", "transformers", "tokenizers", "huggingface-hub", "hf-xet", "datasets"}
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")

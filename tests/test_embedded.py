@@ -68,6 +68,26 @@ def test_rewards():
     assert got == [1.0, -1.0]
 
 
+def test_rouge_l_reward_scores_sentences_and_composes_by_weight():
+    from runners.recipe import recipe_from_dict
+    from runners.rewards import correct, rouge_l_reward
+    from runners.train import reward_setup
+
+    ref = "the cat sat on the mat"
+    got = rouge_l_reward(
+        None,
+        ["<think>x</think><answer>The cat sat on the mat</answer>", "the cats sat", "a dog", "<answer></answer>"],
+        answer=[ref] * 4,
+    )
+    # identical (case-insensitive): F1 1; "the cat(s) sat" (stemmed): LCS 3, P 3/3, R 3/6, F1 2/3; no overlap: 0
+    assert got == pytest.approx([1.0, 2 * (2 / 3) - 1, -1.0, -1.0])
+    assert correct("<answer>the cat is on the mat</answer>", ref, "rouge_l")  # F1 5/6 > 0.5
+    assert not correct("<answer>the cat</answer>", ref, "rouge_l")  # F1 0.5
+    recipe = recipe_from_dict({"model": {"size": "tiny"}, "data": {"reward": {"rouge_l": 1.0, "format": 0.2}}})
+    funcs, weights = reward_setup(recipe)
+    assert [f.__name__ for f in funcs] == ["rouge_l_reward", "format_reward"] and weights == [1.0, 0.2]
+
+
 def test_base_model_is_a_standard_checkpoint_with_headroom(tiny_base):
     info = json.loads((tiny_base / "build_info.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(tiny_base)
