@@ -57,8 +57,8 @@ bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, pack
 	$(BIN)/python -m tests.bench_runner $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))
 	$(BIN)/python -m tests.bench_packing $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE)) --solo
 
-bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and completion length → artifacts/bench-memory/
-	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE))
+bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and completion length, GRPO and RLOO → artifacts/bench-memory/
+	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE)) --baseline both
 
 wheels: $(STAMP) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
 	$(BIN)/python -m runners.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))

@@ -150,6 +150,12 @@ def format_plan(r: Recipe) -> str:
         f"{t['importance_sampling_level']!r}, epsilon={t['epsilon']}, epsilon_high={t['epsilon_high']}",
         f"    aggregation {a.aggregation} → per-completion advantage weights (runners.trainer)",
         f"    advantage_norm {a.advantage_norm} → scale_rewards={t['scale_rewards']!r}",
+        f"    advantage_baseline {a.advantage_baseline}"
+        + (
+            " → RLOO: TRL's group-centred advantages x G/(G-1), or / their batch std (runners.trainer)"
+            if a.advantage_baseline == "leave_one_out"
+            else " → TRL's group mean"
+        ),
         f"    fp32_lm_head {a.fp32_lm_head} → cast_lm_head_to_fp32={a.fp32_lm_head}"
         + (" (no-op: the model trains in float32)" if r.model.dtype == "float32" and a.fp32_lm_head else ""),
         f"    zero_variance_filter {a.zero_variance_filter}, sampling {a.sampling}"

@@ -69,6 +69,7 @@ class AlgorithmConfig:
     fp32_lm_head: bool = True
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"
+    advantage_baseline: Literal["group_mean", "leave_one_out"] = "group_mean"  # GRPO's, or RLOO's
     zero_variance_filter: bool = True
     sampling: Literal["no_positive_resampling", "uniform"] = "no_positive_resampling"
     npr_threshold: float = 0.9

@@ -226,6 +226,8 @@ class ScaleRLTrainer(GRPOTrainer):
         if algo.off_policy == "pipeline" and algo.pipeline_lag > 0 and out.get("old_per_token_logps") is None:
             out["old_per_token_logps"] = self._behaviour_logps(out)
         self._measure_mismatch(out)
+        if algo.advantage_baseline == "leave_one_out":
+            self._leave_one_out(out)
         self._filter_and_weight(out)
         return self._pipeline_delay(out) if algo.off_policy == "pipeline" else out
 
@@ -264,6 +266,24 @@ class ScaleRLTrainer(GRPOTrainer):
             m = self._metrics["train"]
             m["sampling/sampling_logp_difference/mean"].append(float(total.sum() / count.sum()))
             m["sampling/sampling_logp_difference/max"].append(float(peak.max()))
+
+    def _leave_one_out(self, out: dict) -> None:
+        """RLOO's baseline: each completion against the mean of the *other* G-1 of its prompt.
+
+        r_i - mean_{j!=i} r_j = G/(G-1) (r_i - mean_j r_j), so TRL's group-centred advantages are
+        rescaled by G/(G-1) (advantage_norm none or prompt). With advantage_norm batch, as TRL's
+        RLOOTrainer's ``normalize_advantages``, the batch's advantages are divided by their own std
+        (the factor cancels): (r_i - loo_i) / std over the batch.
+        """
+        g = self.num_generations
+        adv = out["advantages"]
+        if self.recipe.algorithm.advantage_norm == "batch":
+            everyone = self.accelerator.gather(adv)
+            scaled = adv / (everyone.std() + 1e-4)
+        else:
+            scaled = adv * (g / (g - 1))
+        self._metrics["train"]["advantages/abs_mean"].append(float(self.accelerator.gather(scaled).abs().mean()))
+        out["advantages"] = scaled
 
     def _filter_and_weight(self, out: dict) -> None:
         """Zero-variance filtering (mask whole prompts out) and loss aggregation (weights on advantages)."""

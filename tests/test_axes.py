@@ -104,6 +104,32 @@ def test_advantage_normalisation(random_model_dir, tmp_path, norm):
     torch.testing.assert_close(out["advantages"], expected_advantages(REWARDS, norm), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("norm", ["none", "batch", "prompt"])
+def test_leave_one_out_baseline_is_rloos(random_model_dir, tmp_path, norm):
+    """RLOO: each completion against the mean of its G-1 siblings (TRL RLOOTrainer's baseline;
+    with batch normalisation, divided by the batch's std as its normalize_advantages does)."""
+    recipe = make_recipe(
+        algorithm={
+            "advantage_baseline": "leave_one_out",
+            "advantage_norm": norm,
+            "aggregation": "token",
+            "zero_variance_filter": False,
+        }
+    )
+    trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
+    out = scored_batch(trainer, REWARDS)
+    g = torch.tensor(REWARDS).view(-1, G)
+    loo = (g - (g.sum(1, keepdim=True) - g) / (G - 1)).view(-1)  # r_i - mean of the others, by hand
+    if norm == "batch":
+        want = loo / (loo.std() + 1e-4)
+    elif norm == "prompt":
+        want = loo / (g.std(1).repeat_interleave(G) + 1e-4)
+    else:
+        want = loo
+    torch.testing.assert_close(out["advantages"], want, rtol=1e-3, atol=1e-3)
+    assert trainer._metrics["train"]["advantages/abs_mean"][-1] == pytest.approx(want.abs().mean().item(), rel=1e-3)
+
+
 # --- zero-variance filtering ----------------------------------------------------------
 
 
