@@ -28,6 +28,38 @@ from runners.tasks import ArithmeticTask
 from runners.tokenizer import build_tokenizer
 
 BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes what gets built
+# build_fingerprint() when BUILD_VERSION was last reviewed: tests/test_embedded.py fails when the build
+# code changes until both are looked at (bump the version if what is built changes, then this)
+BUILD_FINGERPRINT = "5744e049ca6fb007"
+
+
+def build_fingerprint() -> str:
+    """Hash of the code that decides what a base-model build makes — the tokenizer and task modules,
+    ``ModelSize``, ``SIZES`` and ``_build`` — ignoring comments, docstrings and formatting."""
+    import ast  # noqa: PLC0415
+    import inspect  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from runners import tasks, tokenizer  # noqa: PLC0415
+
+    def strip(tree: ast.AST) -> ast.AST:
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            first = body[0] if isinstance(body, list) and body else None
+            if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
+                node.body = body[1:] or [ast.Pass()]
+        return tree
+
+    here = ast.parse(inspect.getsource(sys.modules[__name__]))
+    wanted = [
+        n
+        for n in here.body
+        if (isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("ModelSize", "_build"))
+        or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SIZES")
+    ]
+    parts = [ast.dump(strip(ast.parse(inspect.getsource(m)))) for m in (tokenizer, tasks)]
+    parts += [ast.dump(strip(n)) for n in wanted]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

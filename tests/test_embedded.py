@@ -99,6 +99,20 @@ def test_base_model_is_a_standard_checkpoint_with_headroom(tiny_base):
     assert 0.0 < val["mean_at_k"] < val["pass_at_k"]  # RL has something to sharpen
 
 
+def test_a_change_to_the_build_code_is_reviewed_against_build_version():
+    """The base-model cache and run identities trust BUILD_VERSION; a change to the code that decides
+    what is built (not its comments or docstrings) fails here until someone decides whether the
+    version must be bumped (stale cached models otherwise survive it) and records the fingerprint."""
+    from runners.basemodel import BUILD_FINGERPRINT, BUILD_VERSION, build_fingerprint
+
+    now = build_fingerprint()
+    assert now == BUILD_FINGERPRINT, (
+        f"the base-model build code changed (fingerprint {now}, recorded {BUILD_FINGERPRINT}): if what a "
+        f"build makes changes, bump BUILD_VERSION (now {BUILD_VERSION}); then set BUILD_FINGERPRINT = {now!r} "
+        "in runners/basemodel.py"
+    )
+
+
 def test_base_model_is_cached_by_config(tiny_base, cache_dir):
     stamp = (tiny_base / "model.safetensors").stat().st_mtime_ns
     again = ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=pytest.fail)
