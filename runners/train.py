@@ -123,29 +123,12 @@ class Progress(TrainerCallback):
         self.n_params = 0
         self.stopped_at: int | None = None
 
-    # state that must survive a resume
+    # this callback's state that must survive a resume (the trainer keeps its own: ScaleRLTrainer.state_dict)
     def state_dict(self) -> dict[str, Any]:
-        t = self.trainer
-        return {
-            "train_seconds": self.train_seconds,
-            "eval_seconds": self.eval_seconds,
-            "best": self.best,
-            "compute_tokens": t.compute_tokens,
-            "compute_samples": t.compute_samples,
-            "pass_history": {str(k): v for k, v in t.pass_history.items()},
-            "dropped": sorted(t.dropped),
-            "budget_rng": _jsonable(t._rng.getstate()),  # thinking budgets drawn so far: continue the sequence
-        }
+        return {"train_seconds": self.train_seconds, "eval_seconds": self.eval_seconds, "best": self.best}
 
     def load_state_dict(self, s: dict[str, Any]) -> None:
-        t = self.trainer
         self.train_seconds, self.eval_seconds, self.best = s["train_seconds"], s["eval_seconds"], s["best"]
-        t.compute_tokens = s["compute_tokens"]
-        t.compute_samples = s.get("compute_samples", 0)
-        t.pass_history.update({int(k): v for k, v in s["pass_history"].items()})
-        t.dropped.update(s["dropped"])
-        if "budget_rng" in s:
-            t._rng.setstate(_tupled(s["budget_rng"]))
 
     def compute(self) -> dict[str, float]:
         devices = max(1, self.trainer.accelerator.num_processes)
@@ -239,7 +222,7 @@ class Progress(TrainerCallback):
         if ckpt.is_dir() and self.trainer.accelerator.is_main_process:
             # written last, atomically: its presence marks the checkpoint complete
             tmp = ckpt / f"{STATE_FILE}.tmp"
-            tmp.write_text(json.dumps(self.state_dict()))
+            tmp.write_text(json.dumps({**self.state_dict(), **self.trainer.state_dict()}))
             tmp.replace(ckpt / STATE_FILE)
 
     def on_log(self, args, state, control, logs=None, **kw):
@@ -252,14 +235,6 @@ class Progress(TrainerCallback):
                 self.log(f"[{self.recipe.name}] step {state.global_step}: non-finite {', '.join(bad)}")
             for sink in self.sinks:
                 sink({f"train/{k}": v for k, v in train_logs.items()}, state.global_step)
-
-
-def _jsonable(state):
-    return [_jsonable(x) for x in state] if isinstance(state, tuple | list) else state
-
-
-def _tupled(state):
-    return tuple(_tupled(x) for x in state) if isinstance(state, list) else state
 
 
 def _logged_steps(path: Path) -> set[int]:
@@ -388,7 +363,9 @@ def train(
     for why in skipped:
         log(f"[{recipe.name}] skipping {why}")
     if last is not None:
-        progress.load_state_dict(json.loads((last / STATE_FILE).read_text()))
+        saved = json.loads((last / STATE_FILE).read_text())
+        progress.load_state_dict(saved)
+        trainer.load_state_dict(saved)
         log(f"[{recipe.name}] resuming from {last}")
     elif progress.logged_steps - {0}:
         raise ResumeError(

@@ -107,6 +107,14 @@ def fp32_head_outside_autocast(model) -> None:
 NAN = float("nan")
 
 
+def _jsonable(state):
+    return [_jsonable(x) for x in state] if isinstance(state, tuple | list) else state
+
+
+def _tupled(state):
+    return tuple(_tupled(x) for x in state) if isinstance(state, list) else state
+
+
 class SampledTokenLogps:
     """Reads, off ``model.generate``, the log-prob the generator gave each token it sampled.
 
@@ -168,6 +176,24 @@ class ScaleRLTrainer(GRPOTrainer):
         ln = recipe.length
         self._phrase_ids = tok(ln.interruption_phrase, add_special_tokens=False)["input_ids"]
         self._think_close_ids = tok("</think>", add_special_tokens=False)["input_ids"]
+
+    # --- state that must survive a resume (saved with each checkpoint by runners.train) ---
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "compute_tokens": self.compute_tokens,
+            "compute_samples": self.compute_samples,
+            "pass_history": {str(k): v for k, v in self.pass_history.items()},
+            "dropped": sorted(self.dropped),
+            "budget_rng": _jsonable(self._rng.getstate()),  # thinking budgets drawn so far: continue the sequence
+        }
+
+    def load_state_dict(self, s: dict[str, Any]) -> None:
+        self.compute_tokens = s["compute_tokens"]
+        self.compute_samples = s.get("compute_samples", 0)
+        self.pass_history.update({int(k): v for k, v in s["pass_history"].items()})
+        self.dropped.update(s["dropped"])
+        if "budget_rng" in s:
+            self._rng.setstate(_tupled(s["budget_rng"]))
 
     # --- No-Positive-Resampling ---------------------------------------------------
     def _get_train_sampler(self, dataset=None):
