@@ -22,7 +22,11 @@ points and without copying its code:
   clipping act as they do under real asynchrony);
 - FP32 LM head under mixed precision: TRL's cast alone is undone by autocast (the head's
   matmul ran in bf16); the head's forward runs outside autocast (``fp32_head_outside_autocast``);
-- metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness.
+- RLOO's leave-one-out baseline (``algorithm.advantage_baseline``) over TRL's group-centred advantages;
+- the generator-vs-trainer log-prob mismatch: a forward hook (``SampledTokenLogps``) reads the
+  generator's sampled-token log-probs off ``generate`` and returns them through TRL's ``logprobs``;
+- metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness, mismatch;
+- its own resume state (``state_dict`` / ``load_state_dict``), saved with each checkpoint.
 
 Honestly: TRL has no public hooks for these, so this class overrides **private** methods of
 the pinned TRL (``requirements.lock``): ``_get_train_sampler``, ``_generate``,
