@@ -306,14 +306,10 @@ class ScaleRLTrainer(GRPOTrainer):
         (the factor cancels): (r_i - loo_i) / std over the batch.
         """
         g = self.num_generations
-        adv = out["advantages"]
-        if self.recipe.algorithm.advantage_norm == "batch":
-            everyone = self.accelerator.gather(adv)
-            scaled = adv / (everyone.std() + 1e-4)
-        else:
-            scaled = adv * (g / (g - 1))
-        self._metrics["train"]["advantages/abs_mean"].append(float(self.accelerator.gather(scaled).abs().mean()))
-        out["advantages"] = scaled
+        everyone = self.accelerator.gather(out["advantages"])  # one gather: the scale and the metric
+        scale = 1.0 / (everyone.std() + 1e-4) if self.recipe.algorithm.advantage_norm == "batch" else g / (g - 1)
+        self._metrics["train"]["advantages/abs_mean"].append(float((everyone * scale).abs().mean()))
+        out["advantages"] = out["advantages"] * scale
 
     def _filter_and_weight(self, out: dict) -> None:
         """Zero-variance filtering (mask whole prompts out) and loss aggregation (weights on advantages)."""
