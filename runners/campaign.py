@@ -99,7 +99,7 @@ class Campaign:
     gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
     backend: str = "local"  # local (processes on this machine) | ray (tasks on a Ray cluster)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or ray://host:port: join a cluster
-    max_retries: int = 3  # ray: re-runs of a preempted run (it resumes from its checkpoint)
+    max_retries: int = 3  # re-runs of a run killed by a signal (preempted, segfault, OOM kill); it resumes
 
 
 @dataclass

@@ -4,12 +4,16 @@ progress echoed to the console as it happens.
 
 It shares its interface with the Ray backend (``runners.cluster.run_on_ray``): a list of runs
 and a ``prepare(spec) -> Launch`` callback that gives each its MLflow run and command; both
-return the failures with the last lines of their logs.
+return the failures with the last lines of their logs. A run that dies of a signal (a segfault in
+native code, the kernel's OOM killer) is started again up to ``max_retries`` times: it resumes from
+its checkpoint. A Python error is not retried (it would fail the same way); every run has
+Python's faulthandler on, so a native crash leaves its stack in ``run.log``.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -140,6 +144,7 @@ def run_local(
         build_base_models(todo, root, free[0], log)
     running: list[_Running] = []
     queue, failures, done_count, t0 = list(todo), [], 0, time.perf_counter()
+    retried: dict[str, int] = {}
     threads = max(1, (os.cpu_count() or 1) // max(1, len(free)))
     while queue or running:
         while queue and len(running) < len(free):
@@ -147,7 +152,8 @@ def run_local(
             device = _free_slot(free, running)
             running.append(_start(prepare(spec), device, threads))
             log(
-                f"[{done_count + len(running)}/{len(todo)}] start {spec.variant} seed {spec.seed}"
+                f"[{done_count + len(running)}/{len(todo)}] {'retry' if spec.run_key in retried else 'start'}"
+                f" {spec.variant} seed {spec.seed}"
                 + (f" on cuda:{device}" if device is not None else "")
             )
         time.sleep(1.0)
@@ -159,12 +165,22 @@ def run_local(
                 continue
             running.remove(r)
             r.logf.close()
+            spec, elapsed, code = r.launch.spec, time.perf_counter() - t0, r.proc.returncode
+            if code < 0 and code != -signal.SIGINT and retried.get(spec.run_key, 0) < camp.max_retries:
+                retried[spec.run_key] = retried.get(spec.run_key, 0) + 1
+                log(
+                    f"[{done_count + 1}/{len(todo)}] {spec.variant} seed {spec.seed} died of {_signal_name(code)};"
+                    f" retry {retried[spec.run_key]}/{camp.max_retries} resumes from its checkpoint"
+                )
+                queue.insert(0, spec)
+                continue
             done_count += 1
-            spec, elapsed = r.launch.spec, time.perf_counter() - t0
-            if r.proc.returncode == 0:
+            if code == 0:
                 log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
             else:
                 last_lines = tail(r.launch.run_dir / "run.log")
+                if code < 0:  # no Python traceback: say what killed it
+                    last_lines += f"\n(died of {_signal_name(code)} after {retried.get(spec.run_key, 0)} retries)"
                 failures.append((spec, last_lines))
                 last = last_lines.splitlines()[-1] if last_lines else ""
                 log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
@@ -177,6 +193,7 @@ def _start(launch: Launch, device: str | None, threads: int) -> _Running:
         env["CUDA_VISIBLE_DEVICES"] = device
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # packed runs fragment less
     env.setdefault("OMP_NUM_THREADS", str(threads))  # concurrent runs share the cores instead of oversubscribing
+    env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash prints its Python stack to run.log
     log_path = launch.run_dir / "run.log"
     offset = log_path.stat().st_size if log_path.is_file() else 0  # echo only this attempt's lines
     logf = log_path.open("a")
@@ -185,6 +202,13 @@ def _start(launch: Launch, device: str | None, threads: int) -> _Running:
         cmd += ["--gpus", str(device.count(",") + 1)]
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     return _Running(proc, launch, device, logf, offset)
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return f"{signal.Signals(-returncode).name} (signal {-returncode})"
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 def _echo_progress(r: _Running, log: Callable[[str], None]) -> None:

@@ -364,31 +364,8 @@ def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path
     )
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        # preempt the first run once: a watcher kills its train process once its first checkpoint is complete
-        killed = []
-
-        def preempt() -> None:
-            deadline = time.time() + 300
-            while time.time() < deadline and not killed:
-                ckpts = list(
-                    (tmp_path / "artifacts").glob(
-                        "campaigns/tiny-ray/baseline-*/checkpoints/checkpoint-2/prl_state.json"
-                    )
-                )
-                if ckpts:
-                    for p in psutil.process_iter(["cmdline"]):
-                        cmd = " ".join(p.info["cmdline"] or [])
-                        if "runners train" in cmd and "baseline-seed0" in cmd:
-                            p.kill()
-                            killed.append(p.pid)
-                time.sleep(0.2)
-
-        import threading
-
-        watcher = threading.Thread(target=preempt, daemon=True)
-        watcher.start()
-        summary = run_campaign(path, log=lambda m: None)
-        watcher.join(timeout=1)
+        with killer(tmp_path / "artifacts" / "campaigns" / "tiny-ray", signal.SIGKILL) as killed:
+            summary = run_campaign(path, log=lambda m: None)
     finally:
         ray.shutdown()
     assert not summary["failures"] and summary["ran"] == 2
@@ -402,6 +379,61 @@ def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path
         assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
     log = next((tmp_path / "artifacts" / "campaigns" / "tiny-ray").glob("baseline-*/run.log")).read_text()
     assert "resuming from" in log
+
+
+@contextlib.contextmanager
+def killer(camp_dir: Path, sig: int):
+    """Kill the baseline seed-0 run's train process with ``sig`` once, when its first checkpoint is
+    complete (as a preempted job, a segfault or the OOM killer would); yields the pids it killed."""
+    import threading
+
+    killed: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and not killed:
+            if list(camp_dir.glob("baseline-*/checkpoints/checkpoint-2/prl_state.json")):
+                for p in psutil.process_iter(["cmdline"]):
+                    cmd = " ".join(p.info["cmdline"] or [])
+                    if "runners train" in cmd and "baseline-seed0" in cmd:
+                        p.send_signal(sig)
+                        killed.append(p.pid)
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        watcher.join(timeout=5)
+
+
+def test_local_scheduler_retries_a_run_that_dies_of_a_signal(store, tmp_path):
+    """A segfault in native code leaves no Python traceback: the local scheduler says which signal
+    killed the run, shows its Python stack (faulthandler) and starts it again from its checkpoint."""
+    path = write_campaign(tmp_path / "segv.yaml", "tiny-segv", 4, {}, max_retries=1)
+    said: list[str] = []
+    with killer(tmp_path / "artifacts" / "campaigns" / "tiny-segv", signal.SIGSEGV) as killed:
+        summary = run_campaign(path, log=said.append)
+    assert killed, "the watcher never found the run to kill"
+    assert not summary["failures"] and summary["ran"] == 1
+    assert any("died of SIGSEGV (signal 11); retry 1/1 resumes from its checkpoint" in m for m in said)
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("tiny-segv")
+    (run,) = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+    assert run.data.tags["prl.done"] == "1"
+    assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
+    log = next((tmp_path / "artifacts" / "campaigns" / "tiny-segv").glob("baseline-*/run.log")).read_text()
+    assert "Fatal Python error: Segmentation fault" in log and "resuming from" in log
+
+
+def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
+    path = write_campaign(tmp_path / "segv.yaml", "tiny-segv0", 4, {}, max_retries=0)
+    with killer(tmp_path / "artifacts" / "campaigns" / "tiny-segv0", signal.SIGSEGV):
+        summary = run_campaign(path, log=lambda m: None)
+    ((spec, why),) = summary["failures"]
+    assert spec.variant == "baseline" and why.endswith("(died of SIGSEGV (signal 11) after 0 retries)")
 
 
 def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
