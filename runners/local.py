@@ -153,8 +153,7 @@ def run_local(
             running.append(_start(prepare(spec), device, threads))
             log(
                 f"[{done_count + len(running)}/{len(todo)}] {'retry' if spec.run_key in retried else 'start'}"
-                f" {spec.variant} seed {spec.seed}"
-                + (f" on cuda:{device}" if device is not None else "")
+                f" {spec.variant} seed {spec.seed}" + (f" on cuda:{device}" if device is not None else "")
             )
         time.sleep(1.0)
         if monitor is not None:
