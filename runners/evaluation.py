@@ -25,6 +25,7 @@ def evaluate(
     seed: int = 0,
     n_show: int = 8,
     accelerator=None,
+    cache_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Sample ``samples`` completions per prompt (batched) and score them.
 
@@ -65,6 +66,7 @@ def evaluate(
                 num_return_sequences=samples,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
+                cache_implementation=cache_implementation,
             )
             completion_ids = out[:, enc["input_ids"].shape[1] :]
             n_tokens += int((completion_ids != tokenizer.pad_token_id).sum())

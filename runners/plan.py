@@ -62,6 +62,7 @@ def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
         "max_steps": r.train.steps,
         "seed": r.train.seed,
         "bf16": r.model.dtype == "bfloat16",
+        "cache_implementation": None if r.model.generation_cache == "dynamic" else r.model.generation_cache,
     }
 
 

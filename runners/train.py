@@ -159,6 +159,7 @@ class Progress(TrainerCallback):
             reward=next(iter(self.recipe.data.reward)),
             seed=step,
             accelerator=self.trainer.accelerator,
+            cache_implementation=self.trainer.args.cache_implementation,  # what TRL generates with
         )
         self.eval_profiler.end("evaluation")
         self.eval_seconds += time.perf_counter() - t0

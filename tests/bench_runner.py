@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from runners.plan import trl_args
-from runners.recipe import load_recipe
+from runners.recipe import load_recipe, parse_override
 from runners.train import prepare_model, reward_setup, train
 
 TRL_EQUIVALENT = {
@@ -121,15 +121,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("artifacts/bench-runner"))
     p.add_argument("--json", type=Path, help="also write the numbers here")
     p.add_argument("--eval-every", type=int, help="evaluation cadence of the full-baseline run (default: the recipe's)")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a recipe key in every run, e.g. --set model.generation_cache=static (repeatable)",
+    )
     args = p.parse_args(argv)
 
     steps = {"train.steps": args.steps, "train.save_every": args.steps}
+    steps.update(parse_override(s) for s in args.set or [])
     same = load_recipe(args.recipe, {**steps, **TRL_EQUIVALENT, "eval.every": args.steps})
     full = load_recipe(args.recipe, {**steps, **({"eval.every": args.eval_every} if args.eval_every else {})})
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     print(f"recipe {args.recipe}, {args.steps} steps, {same.rollouts} completions/step, device {device}", flush=True)
     prepare_model(full)  # build the base model once, outside every timing
-    res = {"recipe": args.recipe, "device": device, "steps": args.steps}
+    res = {"recipe": args.recipe, "device": device, "steps": args.steps, "set": args.set or []}
     for name, fn in (
         ("plain_trl", lambda: plain_trl(same, args.out / "plain")),
         ("runner", lambda: runner(same, args.out / "runner")),

@@ -453,3 +453,40 @@ def test_the_private_trl_methods_overridden_keep_their_signatures():
             f"TRL {trl.__version__} changed GRPOTrainer.{name}{tuple(got)} (ScaleRLTrainer was written against "
             f"{tuple(params)}): review runners/trainer.py before upgrading"
         )
+
+
+# --- generation ------------------------------------------------------------------------
+
+
+def test_static_kv_cache_samples_the_same_tokens_as_the_dynamic_one(tiny_base, tmp_path):
+    """``model.generation_cache: static`` (TRL's ``cache_implementation``; on CUDA transformers then
+    compiles the decoding step) is a speed lever only: rollouts, training and evaluation see the
+    same tokens as with the dynamic cache, so the same seed gives the same run."""
+    import json
+
+    from runners.recipe import load_recipe
+    from runners.train import train
+
+    runs = {}
+    for cache in ("dynamic", "static"):
+        r = load_recipe(
+            "scalerl",
+            {
+                "model.size": "tiny",
+                "model.generation_cache": cache,
+                "batch.prompts": 2,
+                "batch.generations": 4,
+                "batch.micro_batch": 8,
+                "length.think_budget": [12, 20],
+                "train.steps": 2,
+                "eval.every": 2,
+                "eval.prompts": 8,
+            },
+        )
+        assert trl_args(r)["cache_implementation"] == (None if cache == "dynamic" else "static")
+        train(r, tmp_path / cache, log=lambda m: None)
+        metrics = [json.loads(x) for x in (tmp_path / cache / "metrics.jsonl").read_text().splitlines()]
+        samples = (tmp_path / cache / "samples.jsonl").read_text()
+        runs[cache] = ([(m["step"], m["val/mean_at_16"], m["val/format_error_rate"]) for m in metrics], samples)
+    assert runs["static"] == runs["dynamic"]
+    assert [s for s, _, _ in runs["static"][0]] == [0, 2]
