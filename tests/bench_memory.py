@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         (ft,) = args.finetune
         run_dir = args.out / "runs" / f"{ft}-{args.baseline}-g{g}-l{n}"
         shutil.rmtree(run_dir, ignore_errors=True)  # measure a fresh run, never resume an earlier one
-        print(json.dumps(one(args.recipe, g, n, args.prompts, run_dir, args.baseline, ft, args.model)))
+        peaks = one(args.recipe, g, n, args.prompts, run_dir, args.baseline, ft, args.model)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a large model's checkpoints take GBs per setting
+        print(json.dumps(peaks))
         return
     baselines = ["group_mean", "leave_one_out"] if args.baseline == "both" else [args.baseline]
 
