@@ -1,10 +1,15 @@
 """Device-memory estimate of a recipe, by component, so a run that cannot fit is refused with a
 pointer to the setting that dominates instead of failing with a CUDA out-of-memory traceback.
 
-Rough, on purpose (within a factor of ~1.5 of measured peaks on the embedded models): weights,
-gradients and AdamW state of fp32 master weights; saved activations of one micro-batch (the
-Korthikanti et al. per-layer count, plus eager attention's score matrices); the LM head's logits;
-and the KV cache of generation and of evaluation (weights are fp32, so is the cache).
+An upper bound, rough on purpose: it assumes every sequence runs to ``length.max_tokens``.
+Measured on an H100 (results/gpu-memory): 1.1-1.3x above the peak where completions run to the
+limit (an 823M model; full, LoRA and QLoRA), 3.5x above it where they stop early (``scalerl-gpu``:
+28.9 GiB estimated, 7.9-8.2 GiB measured, its evaluation's answers end near 26 of 96 tokens).
+Counted: weights, gradients and AdamW state of fp32 master weights; saved activations of one
+micro-batch under gradient checkpointing (TRL's GRPO default, which ``plan.trl_args`` keeps: each
+layer's input, plus one layer's full set as it is recomputed — the Korthikanti et al. per-layer count, plus eager
+attention's score matrices); the LM head's logits; and the KV cache of generation and of
+evaluation (weights are fp32, so is the cache).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from runners.recipe import Recipe, RecipeError
 
 GIB = 2**30
+GRADIENT_CHECKPOINTING = True  # plan.trl_args sets it (TRL's GRPO default): activations are recomputed
 PROMPT_TOKENS = 48  # embedded task prompts are <= ~40 characters (= tokens) with the template
 
 
@@ -62,6 +68,10 @@ def estimate(recipe: Recipe, dims: Dims | None = None) -> dict[str, float]:
     micro = recipe.micro_batch
     attn_scores = 0 if recipe.model.attention == "sdpa" else d.heads * seq * seq * 4  # eager keeps them (fp32)
     per_seq_layer = seq * 17 * d.hidden * act_bytes + attn_scores
+    if GRADIENT_CHECKPOINTING:  # every layer's input is kept; one layer's activations exist at a time
+        per_seq_acts = d.layers * seq * d.hidden * act_bytes + per_seq_layer
+    else:
+        per_seq_acts = d.layers * per_seq_layer
     kv = 2 * d.layers * d.hidden * seq * 4  # per sequence, fp32 weights → fp32 cache
     trainable = lora_params(recipe, d)
     frozen_bytes = 0.5 if recipe.model.quantization == "4bit" else 4
@@ -70,7 +80,7 @@ def estimate(recipe: Recipe, dims: Dims | None = None) -> dict[str, float]:
         state_key = f"frozen weights + {trainable:,} trainable adapter parameters with gradients and AdamW state"
     out = {
         state_key: ((frozen_bytes * d.params if recipe.model.lora is not None else 0) + 16 * trainable) / GIB,
-        f"training activations (micro-batch {micro} x {seq} tokens)": micro * d.layers * per_seq_layer / GIB,
+        f"training activations (micro-batch {micro} x {seq} tokens)": micro * per_seq_acts / GIB,
         f"logits (micro-batch {micro} x {seq} x vocab {d.vocab}, fp32)": 3 * micro * seq * d.vocab * 4 / GIB,
         f"generation KV cache ({recipe.rollouts} completions)": recipe.rollouts * kv / GIB,
         f"evaluation KV cache (eval.batch_prompts {recipe.eval.batch_prompts} x {recipe.eval.samples} samples)": (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runners.memory import estimate, format_estimate
+from runners.memory import GRADIENT_CHECKPOINTING, estimate, format_estimate
 from runners.recipe import Recipe, RecipeError
 
 LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.trainer
@@ -63,6 +63,7 @@ def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
         "seed": r.train.seed,
         "bf16": r.model.dtype == "bfloat16",
         "cache_implementation": None if r.model.generation_cache == "dynamic" else r.model.generation_cache,
+        "gradient_checkpointing": GRADIENT_CHECKPOINTING,  # TRL's GRPO default; the memory estimate relies on it
     }
 
 

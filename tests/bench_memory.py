@@ -99,6 +99,7 @@ def one(
             "train.save_every": 100,
             "eval.every": 100,
             "eval.prompts": 16,
+            "eval.batch_prompts": 16,
         },
     )
     peaks: dict[str, float] = {}

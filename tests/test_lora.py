@@ -4,6 +4,7 @@ best model, and bad settings are refused before anything trains."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from runners.basemodel import load_model_and_tokenizer
 from runners.data import load_rows
 from runners.evaluation import evaluate
 from runners.memory import estimate
-from runners.recipe import RecipeError, recipe_from_dict
+from runners.recipe import RecipeError, load_recipe, recipe_from_dict
 from runners.train import train
 
 R = 4
@@ -99,3 +100,38 @@ def test_lora_settings_are_checked_with_the_fix_named():
         recipe_from_dict({"model": {"size": "tiny", "lora": {"r": 0}}})
     with pytest.raises(RecipeError, match="expected a non-empty list of names"):
         recipe_from_dict({"model": {"size": "tiny", "lora": {"target_modules": "q_proj"}}})
+
+
+def test_memory_estimate_bounds_the_peaks_measured_on_a_gpu():
+    """The estimate against results/gpu-memory (an untrained 823M Llama, 16 x 2048, on an H100;
+    completions run to max_tokens): above every measured peak, and by at most 1.5x, for full
+    fine-tuning, LoRA and QLoRA alike."""
+    import pandas as pd
+
+    from runners.memory import Dims
+    from runners.tokenizer import build_tokenizer
+
+    measured = pd.read_csv(Path(__file__).resolve().parent.parent / "results" / "gpu-memory" / "memory.csv")
+    h, n, inter, v = 2048, 16, 5632, len(build_tokenizer())
+    dims = Dims(n * (4 * h * h + 3 * h * inter) + 2 * v * h, h, n, h // 64, v, inter)
+    modes = {"full": {}, "lora": {"model.lora": {"r": 16}}, "qlora": {"model.lora": {"r": 16}}}
+    for _, row in measured.iterrows():
+        g = int(row.generations)
+        recipe = load_recipe(
+            "scalerl-gpu",
+            {
+                **modes[row.finetune],
+                "batch.generations": g,
+                "batch.prompts": 8,
+                "batch.micro_batch": 8 * g,
+                "length.control": "none",
+                "length.max_tokens": int(row.max_tokens),
+                "eval.prompts": 16,
+                "eval.batch_prompts": 16,
+            },
+        )
+        if row.finetune == "qlora":  # 4-bit weights: the recipe refuses it without CUDA, the estimate does not care
+            recipe.model.quantization = "4bit"
+        peak = max(row[c] for c in row.index if c.endswith("_allocated_gb") and "peak" not in c)
+        est = estimate(recipe, dims)["peak"]
+        assert peak <= est <= 1.5 * peak, (row.finetune, row.baseline, g, peak, est)
