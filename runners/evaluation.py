@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ def evaluate(
     max_new_tokens: int = 64,
     batch_prompts: int = 32,
     temperature: float = 1.0,
-    reward: str = "exact_match",
+    reward: str | Callable[..., list[float]] = "exact_match",
     seed: int = 0,
     n_show: int = 8,
     accelerator=None,
@@ -44,7 +44,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    score = REWARDS[reward]
+    score = REWARDS[reward] if isinstance(reward, str) else reward
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))

@@ -51,6 +51,15 @@ class ModelConfig:
 
 
 @dataclass
+class BertScoreSection:
+    """The ``bertscore`` reward's encoder: a local Hugging Face model folder (nothing is downloaded)."""
+
+    model: str = ""
+    threshold: float = 0.9  # a sample is correct when BERTScore F1 > threshold (raw F1 is high for any text)
+    num_layers: int | None = None  # which hidden layer to use (None: the model's last)
+
+
+@dataclass
 class DataConfig:
     path: str | None = None  # JSONL with problem/answer fields; None = the embedded task
     val_path: str | None = None  # held-out JSONL; None = a disjoint split of `path`
@@ -59,6 +68,7 @@ class DataConfig:
     task: ArithmeticTask = field(default_factory=ArithmeticTask)  # the embedded task and its difficulty
     train_prompts: int | None = None  # RL draws from the first N training prompts (None: all); SFT uses all
     reward: dict[str, float] = field(default_factory=lambda: {"exact_match": 1.0})
+    bertscore: BertScoreSection | None = None  # needed by the bertscore reward
 
 
 @dataclass
@@ -370,7 +380,7 @@ def _require(cond: bool, msg: str) -> None:
 def validate(r: Recipe) -> None:
     """Cross-field checks; each message names the key, the value and the fix."""
     from runners.basemodel import SIZES  # noqa: PLC0415 - avoid importing torch for parsing alone
-    from runners.rewards import REWARDS  # noqa: PLC0415
+    from runners.rewards import NAMES  # noqa: PLC0415
 
     m, a, ln, b = r.model, r.algorithm, r.length, r.batch
     _require(
@@ -399,8 +409,29 @@ def validate(r: Recipe) -> None:
     )
     _require(bool(r.data.reward), "data.reward: name at least one reward, e.g. {exact_match: 1.0}")
     for name, w in r.data.reward.items():
-        _require(name in REWARDS, f"data.reward.{name}: unknown reward; choose from {', '.join(REWARDS)}")
+        _require(name in NAMES, f"data.reward.{name}: unknown reward; choose from {', '.join(NAMES)}")
         _require(w > 0, f"data.reward.{name} = {w}: weights must be > 0")
+    bs = r.data.bertscore
+    if "bertscore" in r.data.reward or bs is not None:
+        _require(
+            "bertscore" in r.data.reward,
+            "data.bertscore is set but data.reward has no bertscore: add it ({bertscore: 1.0}) or remove the section",
+        )
+        _require(
+            bs is not None and bool(bs.model),
+            "data.reward.bertscore needs a local encoder model: set data.bertscore.model to a Hugging Face model "
+            "folder (e.g. a saved roberta-large); this project cannot download one",
+        )
+        _require(
+            (Path(bs.model) / "config.json").is_file(),
+            f"data.bertscore.model = {bs.model!r}: not a local Hugging Face model folder (no config.json); "
+            "BERTScore cannot download a model here: save one to disk and point at it",
+        )
+        _require(-1 < bs.threshold < 1, f"data.bertscore.threshold = {bs.threshold}: must be in (-1, 1), e.g. 0.9")
+        _require(
+            bs.num_layers is None or bs.num_layers >= 1,
+            f"data.bertscore.num_layers = {bs.num_layers}: a layer number >= 1, or null for the last",
+        )
     _require(a.cispo_epsilon_max > 0, f"algorithm.cispo_epsilon_max = {a.cispo_epsilon_max}: must be > 0 (paper: 4-8)")
     for key, (lo, hi) in (("dapo_epsilon", a.dapo_epsilon), ("gspo_epsilon", a.gspo_epsilon)):
         _require(0 < lo < 1 and hi > 0, f"algorithm.{key} = {[lo, hi]}: need 0 < low < 1 and high > 0")

@@ -20,6 +20,7 @@ import shutil
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from runners.memory import check_fits, estimate, largest_part
 from runners.plan import peft_config, trl_args
 from runners.profiling import PhaseProfiler
 from runners.recipe import Recipe, RecipeError
-from runners.rewards import REWARDS
+from runners.rewards import reward_function
 from runners.trainer import ScaleRLTrainer
 
 STATE_FILE = "prl_state.json"
@@ -92,7 +93,9 @@ def last_complete_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
 
 
 def reward_setup(recipe: Recipe) -> tuple[list, list[float]]:
-    funcs = [REWARDS[name] for name in recipe.data.reward]
+    """TRL's ``reward_funcs`` and ``reward_weights``; the first function is validation's pass criterion."""
+    sections = {"bertscore": asdict(recipe.data.bertscore) if recipe.data.bertscore else None}
+    funcs = [reward_function(name, sections.get(name)) for name in recipe.data.reward]
     weights = list(recipe.data.reward.values())
     if recipe.length.control == "penalty":
         funcs.append(get_soft_overlong_punishment(recipe.length.max_tokens, recipe.length.penalty_cache))
@@ -110,8 +113,11 @@ class Progress(TrainerCallback):
     ``compute/flops`` estimates (2 + 6 x epochs) x params x tokens.
     """
 
-    def __init__(self, recipe: Recipe, val_rows: list[dict], run_dir: Path, sinks: list[MetricsSink], log) -> None:
+    def __init__(
+        self, recipe: Recipe, val_rows: list[dict], run_dir: Path, sinks: list[MetricsSink], log, score=None
+    ) -> None:
         self.recipe, self.val, self.run_dir, self.sinks, self.log = recipe, val_rows, run_dir, sinks, log
+        self.score = score or next(iter(recipe.data.reward))  # validation's pass criterion: the first reward
         self.metrics_path = run_dir / "metrics.jsonl"
         self.logged_steps = _logged_steps(self.metrics_path)
         self.train_seconds = 0.0
@@ -156,7 +162,7 @@ class Progress(TrainerCallback):
             max_new_tokens=self.recipe.max_completion_tokens,
             batch_prompts=e.batch_prompts,
             temperature=self.recipe.train.temperature,
-            reward=next(iter(self.recipe.data.reward)),
+            reward=self.score,
             seed=step,
             accelerator=self.trainer.accelerator,
             cache_implementation=self.trainer.args.cache_implementation,  # what TRL generates with
@@ -343,7 +349,7 @@ def train(
         **(extra_args or {}),
     )
     use_one_gpu(args)  # one process, several visible GPUs: use one (spread a run with --gpus N instead)
-    progress = Progress(recipe, val_rows, run_dir, sinks or [], log)
+    progress = Progress(recipe, val_rows, run_dir, sinks or [], log, score=funcs[0])
     trainer = ScaleRLTrainer(
         model=model,
         args=args,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from pathlib import Path
 
 import pytest
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runners.basemodel import ensure_base_model, load_model_and_tokenizer
@@ -184,3 +186,69 @@ def test_loading_errors_name_the_file_and_field(tiny_base, tmp_path):
         load_jsonl(bad)
     with pytest.raises(FileNotFoundError, match="no such file"):
         load_jsonl(tmp_path / "none.jsonl")
+
+
+@pytest.fixture(scope="module")
+def local_encoder(tmp_path_factory) -> Path:
+    """A small BERT encoder with a word-level vocabulary, built here (no model can be downloaded)."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    path = tmp_path_factory.mktemp("encoder")
+    words = "the cat sat on mat a dog ran away paris is capital of france berlin germany".split()  # noqa: SIM905
+    tok = BertTokenizerFast(vocab={w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])})
+    tok.model_max_length = 512
+    config = BertConfig(
+        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _bertscore_f1_by_hand(model_dir: Path, cand: str, ref: str) -> float:
+    """BERTScore F1 from its definition (Zhang et al. 2020): greedy cosine matching of the last
+    layer's token embeddings, [CLS]/[SEP] left out."""
+    from transformers import AutoModel
+
+    tok, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+
+    def emb(text: str) -> torch.Tensor:
+        with torch.no_grad():
+            h = model(**tok(text, return_tensors="pt")).last_hidden_state[0, 1:-1]
+        return torch.nn.functional.normalize(h, dim=-1)
+
+    sim = emb(cand) @ emb(ref).T
+    p, r = sim.max(1).values.mean().item(), sim.max(0).values.mean().item()
+    return 2 * p * r / (p + r)
+
+
+def test_bertscore_reward_uses_a_local_encoder_and_composes_by_weight(local_encoder, tmp_path):
+    from runners.recipe import RecipeError, recipe_from_dict
+    from runners.rewards import BertScoreReward
+    from runners.train import reward_setup
+
+    ref = "paris is the capital of france"
+    other = "berlin is the capital of germany"
+    reward = BertScoreReward(str(local_encoder), threshold=0.5)
+    cands = [f"<think>x</think><answer>{ref}</answer>", "<answer> </answer>", other, "capital of germany"]
+    got = reward(None, cands, answer=[ref] * 4)
+    f1 = [_bertscore_f1_by_hand(local_encoder, c, ref) for c in (other, "capital of germany")]
+    assert all(0.5 < x < 0.999 for x in f1) and abs(f1[0] - f1[1]) > 1e-3  # the encoder tells them apart
+    # identical: F1 1; empty answer: -1; the others in their own places, batched and padded as one
+    assert got == pytest.approx([1.0, -1.0, (f1[0] - 0.5) / 0.5, (f1[1] - 0.5) / 0.5], abs=1e-4)
+
+    data = {"reward": {"bertscore": 1.0, "format": 0.2}, "bertscore": {"model": str(local_encoder)}}
+    funcs, weights = reward_setup(recipe_from_dict({"model": {"size": "tiny"}, "data": data}))
+    assert isinstance(funcs[0], BertScoreReward) and funcs[0].threshold == 0.9 and weights == [1.0, 0.2]
+
+    def refused(data: dict) -> str:
+        with pytest.raises(RecipeError) as e:
+            recipe_from_dict({"model": {"size": "tiny"}, "data": data})
+        return str(e.value)
+
+    assert "cannot download one" in refused({"reward": {"bertscore": 1.0}})
+    assert "not a local Hugging Face model folder" in refused(
+        {"reward": {"bertscore": 1.0}, "bertscore": {"model": str(tmp_path / "roberta-large")}}
+    )
+    assert "data.reward has no bertscore" in refused({"bertscore": {"model": str(local_encoder)}})
