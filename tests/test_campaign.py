@@ -572,6 +572,30 @@ def test_history_without_a_complete_checkpoint_is_not_restarted_into(tiny_base, 
         train(_tiny_recipe(4), run, log=lambda m: None)
 
 
+def test_out_of_device_memory_is_one_line_naming_the_setting_and_the_rerun_resumes(tiny_base, tmp_path):
+    """A CUDA out-of-memory error mid-run (raised here at step 3, as the allocator raises it) becomes
+    one line naming the estimate's largest part and what to lower; the finished steps survive."""
+    import torch
+
+    from runners.recipe import RecipeError
+    from runners.train import train
+
+    def oom_at_step_3(metrics: dict, step: int) -> None:
+        if step == 3 and "train/loss" in metrics:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (GPU 0; 79.19 GiB total)")
+
+    run = tmp_path / "run"
+    with pytest.raises(RecipeError) as e:
+        train(_tiny_recipe(4), run, sinks=[oom_at_step_3], log=lambda m: None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("out of device memory (CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert "the estimate's largest part is" in msg and "lower " in msg and "re-running resumes" in msg
+    said = []
+    train(_tiny_recipe(4), run, log=said.append)
+    assert any(m.endswith("resuming from " + str(run / "checkpoints" / "checkpoint-2")) for m in said)
+    assert [r["step"] for r in _metric_rows(run)] == [0, 2, 4]
+
+
 def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(store, tmp_path):
     path = write_campaign(tmp_path / "over.yaml", "start-over", 4, {})
     assert not run_campaign(path, log=lambda m: None)["failures"]
