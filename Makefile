@@ -9,10 +9,11 @@ CAMPAIGN ?= loo-cpu
 RECIPE  ?= scalerl
 AXIS    ?=
 PORT    ?= 5000
+LAB_PORT ?= 8888
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup test lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -76,6 +77,13 @@ fit: $(STAMP) ## fit a campaign from MLflow → artifacts/campaigns/NAME/fit/{lo
 report: $(STAMP) ## a run's Markdown report with plots and anomalies: make report RUN=<run id or name> [CAMPAIGN=]
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run id or name, e.g. baseline/seed0> [CAMPAIGN=loo-cpu]"; exit 2; }
 	$(BIN)/python -m analysis report "$(RUN)" $(if $(filter-out loo-cpu,$(CAMPAIGN)),--experiment $(CAMPAIGN))
+
+lab: $(STAMP) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over the project's store [LAB_PORT=8888] [CAMPAIGN=]
+	@echo "JupyterLab: open the http://127.0.0.1:$(LAB_PORT)/lab?token=... address printed below (store $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}, campaign $(CAMPAIGN))"
+	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} PRL_CAMPAIGN=$(CAMPAIGN) \
+	  $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \
+	  --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
+	  analysis/loo.ipynb
 
 ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5000]
 	@$(BIN)/python -m runners stop-stale-server --tracking-uri sqlite:///$(CURDIR)/mlflow.db

@@ -219,3 +219,67 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     assert table.loc["aggregation=sample", "acted"].startswith("no mechanism metric")
     assert table.loc["baseline", "logp mismatch"] == pytest.approx(2.15e-4)
     assert "| fp32=off |" in to_markdown(table.reset_index())
+
+
+def test_make_lab_serves_the_notebook_on_localhost_with_a_token_over_the_projects_store():
+    """``make lab``: a real JupyterLab on 127.0.0.1, token required, the LOO notebook in it, and the
+    project's MLflow store (not the notebook folder's) in the environment its kernels inherit."""
+    import os
+    import re
+    import signal
+    import subprocess
+    import time
+    import urllib.error
+    import urllib.request
+    from pathlib import Path
+
+    import psutil
+
+    from runners.tracking import free_port
+
+    root = Path(__file__).resolve().parent.parent
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    lab = subprocess.Popen(
+        ["make", "-s", "lab", f"LAB_PORT={port}", "CAMPAIGN=nb-campaign"],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        token, seen, deadline = None, [], time.time() + 120
+        while token is None and time.time() < deadline and lab.poll() is None:
+            line = lab.stdout.readline()
+            seen.append(line)
+            m = re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=(\w+)", line)
+            token = m.group(1) if m else None
+        assert token, "".join(seen[-20:])
+        url = f"http://127.0.0.1:{port}/api/contents/analysis/loo.ipynb?content=0"
+        code = None  # the address is printed a moment before the socket accepts
+        while code is None and time.time() < deadline:
+            try:
+                urllib.request.urlopen(url, timeout=10)
+                code = 200
+            except urllib.error.HTTPError as e:
+                code = e.code
+            except urllib.error.URLError:
+                time.sleep(0.5)
+        assert code == 403  # no token, no notebook
+        req = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200 and '"name": "loo.ipynb"' in r.read().decode().replace('":"', '": "')
+        server = next(  # the process that listens on the port
+            p
+            for p in psutil.Process(lab.pid).children(recursive=True)
+            if any(c.laddr.port == port and c.status == "LISTEN" for c in p.net_connections("tcp"))
+        )
+        server_env = server.environ()
+        assert server_env["MLFLOW_TRACKING_URI"] == f"sqlite:///{root}/mlflow.db"
+        assert server_env["PRL_CAMPAIGN"] == "nb-campaign"
+        assert all(c.laddr.ip == "127.0.0.1" for c in server.net_connections("tcp") if c.status == "LISTEN")
+    finally:
+        os.killpg(lab.pid, signal.SIGTERM)
+        lab.wait(timeout=30)
