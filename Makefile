@@ -13,7 +13,7 @@ LAB_PORT ?= 8888
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup test chromium lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -27,9 +27,14 @@ $(STAMP): pyproject.toml requirements.lock
 
 setup: $(STAMP) ## create .venv with the pinned dependencies (requirements.lock) and the project, editable
 
-test: $(STAMP) postgres ## ruff + the whole test suite
+test: $(STAMP) postgres chromium ## ruff + the whole test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+chromium: # Debian's headless Chromium, for the test that renders the MLflow UI (installed with apt when root)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  { echo "error: the tests need a headless Chromium: apt-get install chromium"; exit 1; }
 
 postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (installed with apt when root)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \

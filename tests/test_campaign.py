@@ -322,9 +322,30 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
         query = f"run_id={rid}&metric_key=val/mean_at_16"
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
             assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2]
+        # a real browser (Debian's headless Chromium) renders the pages a user opens
+        runs_page = rendered(f"{base}/#/experiments/{exp_id}/runs", ">ui-check<")
+        assert ">ui-check<" in runs_page  # the campaign's parent run, its seeds nested under it
+        run_page = rendered(f"{base}/#/experiments/{exp_id}/runs/{rid}", "val/mean_at_16")
+        assert "val/mean_at_16" in run_page and "baseline/seed0" in run_page
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
+
+
+def rendered(url: str, wait_for: str, tries: int = 3) -> str:
+    """The DOM of ``url`` after headless Chromium ran its scripts (until ``wait_for`` shows, or
+    ``tries`` renders)."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "the UI test needs Debian's headless Chromium: apt-get install chromium (make test does)"
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+    cmd += ["--window-size=1600,1000", "--virtual-time-budget=30000", "--dump-dom", url]
+    dom = ""
+    for _ in range(tries):
+        dom = subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
+        if wait_for in dom:
+            break
+    Path(tempfile.gettempdir(), "prl-last-rendered.html").write_text(dom)  # for a failure's post-mortem
+    return dom
 
 
 def test_notebook_runs_on_a_tiny_campaign(store, tmp_path, monkeypatch):
