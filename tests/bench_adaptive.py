@@ -10,7 +10,9 @@ each decision point only the points up to it, and checks each stop against the f
 A stop is **right** when the variant's observed final value (mean over its seeds' last
 evaluations) is below the baseline's minus the margin; for synthetic campaigns also when its
 true final value is. Saved compute is the completions a stopped variant's runs would still have
-generated, as a share of the whole campaign (baseline included).
+generated, as a share of the whole campaign (baseline included). The ceiling beside it is what a
+rule that knew the outcome would save — every worse variant stopped at the first decision point,
+nothing else — so a target above it cannot be met on that data without wrong stops.
 
     python -m tests.bench_adaptive [--synthetic N] [--at 0.25 0.5] [--risk 0.05]
 """
@@ -89,6 +91,7 @@ def replay(curves: pd.DataFrame, cfg: Adaptive, truth: dict[str, float] | None =
         if truth is not None:
             row["worse_true"] = truth[variant] < truth["baseline"] - cfg.margin
         row["saved"] = (1 - row["stopped_at"]) * planned[variant] if row["stopped_at"] else 0.0
+        row["saved_if_known"] = (1 - min(cfg.at)) * planned[variant] if worse else 0.0
         rows.append(row)
     out = pd.DataFrame(rows)
     out.attrs["planned"] = sum(planned.values())
@@ -108,6 +111,7 @@ def summarise(name: str, tables: list[pd.DataFrame], truth: bool) -> dict:
         "wrong stops (observed)": int((~stops["worse_observed"]).sum()),
         "worse variants stopped": f"{int(stops['worse_observed'].sum())}/{int(t['worse_observed'].sum())}",
         "compute saved": f"{t['saved'].sum() / planned:.1%}",
+        "ceiling (outcome known)": f"{t['saved_if_known'].sum() / planned:.1%}",
     }
     if truth:
         out["wrong stops (truth)"] = int((~stops["worse_true"]).sum())
