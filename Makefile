@@ -10,6 +10,7 @@ RECIPE  ?= scalerl
 AXIS    ?=
 PORT    ?= 5000
 LAB_PORT ?= 8888
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
@@ -33,12 +34,12 @@ test: $(STAMP) postgres chromium ## ruff + the whole test suite
 
 chromium: # Debian's headless Chromium, for the test that renders the MLflow UI (installed with apt when root)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) chromium || { apt-get update -qq && $(APT_INSTALL) chromium; }; }; } || \
 	  { echo "error: the tests need a headless Chromium: apt-get install chromium"; exit 1; }
 
 postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (installed with apt when root)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
-	  { [ "$$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
+	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) postgresql || { apt-get update -qq && $(APT_INSTALL) postgresql; }; }; } || \
 	  { echo "error: the tests need Debian's PostgreSQL server: apt-get install postgresql"; exit 1; }
 
 tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (README: exposing it safely)
