@@ -160,10 +160,13 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             note="; ".join(f.warnings),
         )
         if g["seed"].nunique() > 1:
-            spread = seed_spread(
-                {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}, exclude_below=cfg["exclude_below"], a_grid=a_grid
-            ).to_dict()
-            row["A_seed_half_range"] = spread["A_half_range"]
+            try:
+                spread = seed_spread(
+                    {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}, exclude_below=cfg["exclude_below"], a_grid=a_grid
+                ).to_dict()
+                row["A_seed_half_range"] = spread["A_half_range"]
+            except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
+                row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
         rows.append(row)
     table = pd.DataFrame(rows)
     if "baseline" in fits:

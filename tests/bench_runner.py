@@ -8,6 +8,8 @@
 
 Training throughput counts completion tokens over the time from each step's start to its optimizer step
 (evaluation, which runs after the optimizer step, is excluded; the first step is warm-up and is dropped).
+One short run is noise (30-step ratios of 1.186, 0.969 and 1.018 were measured on one H100), so each
+measurement is repeated ``--repeats`` times, interleaved, and the median is reported with its range.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import json
 import platform
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -120,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=30, help="training steps of each measured run")
     p.add_argument("--out", type=Path, default=Path("artifacts/bench-runner"))
     p.add_argument("--json", type=Path, help="also write the numbers here")
+    p.add_argument("--repeats", type=int, default=3, help="times each measurement runs (median, range)")
     p.add_argument("--eval-every", type=int, help="evaluation cadence of the full-baseline run (default: the recipe's)")
     p.add_argument(
         "--set",
@@ -128,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         help="override a recipe key in every run, e.g. --set model.generation_cache=static (repeatable)",
     )
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats {args.repeats}: need at least 1")
 
     steps = {"train.steps": args.steps, "train.save_every": args.steps}
     steps.update(parse_override(s) for s in args.set or [])
@@ -136,29 +142,49 @@ def main(argv: list[str] | None = None) -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     print(f"recipe {args.recipe}, {args.steps} steps, {same.rollouts} completions/step, device {device}", flush=True)
     prepare_model(full)  # build the base model once, outside every timing
-    res = {"recipe": args.recipe, "device": device, "steps": args.steps, "set": args.set or []}
-    for name, fn in (
-        ("plain_trl", lambda: plain_trl(same, args.out / "plain")),
-        ("runner", lambda: runner(same, args.out / "runner")),
-        ("runner_full_baseline", lambda: runner(full, args.out / "full")),
+    res: dict = {"recipe": args.recipe, "device": device, "steps": args.steps, "set": args.set or [], "repeats": []}
+    for r in range(args.repeats):  # interleaved, so a slow spell of the machine hits every measurement alike
+        one: dict = {}
+        for name, fn in (
+            ("plain_trl", lambda: plain_trl(same, args.out / "plain")),
+            ("runner", lambda: runner(same, args.out / "runner")),
+            ("runner_full_baseline", lambda: runner(full, args.out / "full")),
+        ):
+            t0 = time.perf_counter()
+            one[name] = fn()
+            took = time.perf_counter() - t0
+            print(f"[{r + 1}/{args.repeats}] {name}: {json.dumps(one[name])} ({took:.0f} s)", flush=True)
+        one["overhead_ratio"] = one["plain_trl"]["completion_tokens_per_s"] / one["runner"]["completion_tokens_per_s"]
+        f = one["runner_full_baseline"]  # one evaluation per `every` training steps, the campaign's cadence
+        one["eval_share"] = f["eval_seconds_each"] / (f["eval_seconds_each"] + full.eval.every * f["step_seconds"])
+        res["repeats"].append(one)
+    reps = res["repeats"]
+    for key, get in (
+        ("plain_tokens_per_s", lambda x: x["plain_trl"]["completion_tokens_per_s"]),
+        ("runner_tokens_per_s", lambda x: x["runner"]["completion_tokens_per_s"]),
+        ("full_tokens_per_s", lambda x: x["runner_full_baseline"]["completion_tokens_per_s"]),
+        ("overhead_ratio", lambda x: x["overhead_ratio"]),
+        ("eval_share", lambda x: x["eval_share"]),
+        ("eval_sequences_per_s", lambda x: x["runner_full_baseline"]["eval_sequences_per_s"]),
+        ("peak_gpu_gb", lambda x: x["runner_full_baseline"]["peak_gpu_gb"]),
     ):
-        t0 = time.perf_counter()
-        res[name] = fn()
-        print(f"{name}: {json.dumps(res[name])} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    plain, ours = res["plain_trl"]["completion_tokens_per_s"], res["runner"]["completion_tokens_per_s"]
-    res["overhead_ratio"] = plain / ours
-    f = res["runner_full_baseline"]
-    every = full.eval.every  # one evaluation per `every` training steps, the campaign's cadence
-    f["eval_share"] = f["eval_seconds_each"] / (f["eval_seconds_each"] + every * f["step_seconds"])
+        values = [get(x) for x in reps]
+        res[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")
-    print(f"\n{'':34}{'completion tok/s':>18}")
-    print(f"{'plain TRL GRPOTrainer':34}{plain:18.0f}")
-    print(f"{'runner (same settings)':34}{ours:18.0f}   overhead ratio {res['overhead_ratio']:.3f} (target <= 1.05)")
-    print(f"{'runner, full baseline recipe':34}{f['completion_tokens_per_s']:18.0f}")
+
+    def show(key: str, fmt: str) -> str:
+        m = res[key]
+        return f"{m['median']:{fmt}} (range {m['min']:{fmt}}-{m['max']:{fmt}})"
+
+    print(f"\nmedians of {args.repeats} interleaved repeats, {args.steps} steps each (range = min-max):")
+    print(f"{'plain TRL GRPOTrainer':34}{show('plain_tokens_per_s', '.0f')} completion tok/s")
+    print(f"{'runner (same settings)':34}{show('runner_tokens_per_s', '.0f')} completion tok/s")
+    print(f"{'overhead ratio plain/runner':34}{show('overhead_ratio', '.3f')} (target <= 1.05)")
+    print(f"{'runner, full baseline recipe':34}{show('full_tokens_per_s', '.0f')} completion tok/s")
     print(
-        f"evaluation: {f['eval_sequences_per_s']:.0f} sequences/s, {100 * f['eval_share']:.1f}% of run time at "
-        f"eval.every = {full.eval.every} (target <= 15%); peak GPU memory {f['peak_gpu_gb']:.2f} GiB"
+        f"evaluation: {show('eval_sequences_per_s', '.0f')} sequences/s; {show('eval_share', '.3f')} of run time at "
+        f"eval.every = {full.eval.every} (target <= 0.15); peak GPU memory {res['peak_gpu_gb']['max']:.2f} GiB"
     )
 
 

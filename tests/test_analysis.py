@@ -54,6 +54,15 @@ def test_unfittable_variant_is_reported_not_raised():
     assert "no sigmoid gain" in note
 
 
+def test_a_seed_too_flat_to_fit_alone_keeps_its_variant_in_the_table():
+    df = curves({"baseline": (2542, 1.92, 0.61), "think=short": (2542, 1.92, 0.50)})
+    flat_seed = (df["variant"] == "think=short") & (df["seed"] == 1)
+    df.loc[flat_seed, "val/mean_at_16"] = df.loc[flat_seed, "val/mean_at_16"].iloc[0]  # seed 1 never moves
+    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    row = table.set_index("variant").loc["think=short"]
+    assert np.isfinite(row["A"]) and "no per-seed A spread: no sigmoid gain" in row["note"]
+
+
 def test_loo_verdict_cannot_decide_at_the_grid_edge_or_when_not_predictable():
     df = curves({"baseline": (2542, 1.92, 0.61), "edge=up": (2542, 1.92, 0.95)})
     early = curves({"early=stop": (9000, 1.92, 0.70)}, c_max=4_000.0)  # stopped long before its knee
