@@ -161,9 +161,8 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
         )
         if g["seed"].nunique() > 1:
             try:
-                spread = seed_spread(
-                    {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}, exclude_below=cfg["exclude_below"], a_grid=a_grid
-                ).to_dict()
+                per_seed = {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}
+                spread = seed_spread(per_seed, exclude_below=cfg["exclude_below"], a_grid=a_grid).to_dict()
                 row["A_seed_half_range"] = spread["A_half_range"]
             except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
                 row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
@@ -190,17 +189,24 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
     measured = measured_at_budget(curves, x, cfg["margin"])
     if len(measured):
         table = table.merge(measured, on="variant", how="left")
+        half = measured_at_budget(curves, x, cfg["margin"], fraction=0.5)  # where efficiency differences show
+        half = half.rename(columns=lambda c: c if c == "variant" else f"half_{c}")
+        table = table.merge(half, on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
     return table, {"fits": fits, "forecasts": fcs}
 
 
-def measured_at_budget(curves: pd.DataFrame, x: str, margin: float, level: float = 0.95) -> pd.DataFrame:
+def measured_at_budget(
+    curves: pd.DataFrame, x: str, margin: float, level: float = 0.95, fraction: float = 1.0
+) -> pd.DataFrame:
     """Each variant against the baseline where both were measured, no extrapolation.
 
-    At the smaller of the two final computes, each seed's mean@16 (interpolated between its
-    evaluations); the difference of the seed means with a t interval whose seed-to-seed s.d. is
-    pooled over every variant of the campaign at its own final compute (df = Σ(seeds − 1)): seeds
-    are the unit of uncertainty, evaluation noise included. The label uses the paper's margin:
+    At ``fraction`` of the smaller of the two final computes (1: the budget; 0.5: half of it, where
+    a difference in efficiency shows before curves that reach the same plateau meet), each seed's
+    mean@16 (interpolated between its evaluations); the difference of the seed means with a t
+    interval whose seed-to-seed s.d. is pooled over every variant of the campaign at that fraction
+    of its own final compute (df = Σ(seeds − 1)): seeds are the unit of uncertainty, evaluation
+    noise included. The label uses the paper's margin:
     ``worse`` / ``better`` (the whole interval beyond it), ``within the margin`` (inside it), else
     ``not resolved``. Valid whatever the fits say: it describes the budget that was run.
     """
@@ -213,7 +219,7 @@ def measured_at_budget(curves: pd.DataFrame, x: str, margin: float, level: float
     if "baseline" not in groups:
         return pd.DataFrame(columns=["variant"])
     ends = {v: float(g.groupby("seed")[x].max().min()) for v, g in groups.items()}
-    finals = {v: at(g, ends[v]) for v, g in groups.items()}
+    finals = {v: at(g, fraction * ends[v]) for v, g in groups.items()}
     df = sum(len(v) - 1 for v in finals.values())
     sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in finals.values()) / df)) if df else np.nan
     t = float(stats.t.ppf(0.5 + level / 2, df)) if df else np.nan
@@ -221,7 +227,7 @@ def measured_at_budget(curves: pd.DataFrame, x: str, margin: float, level: float
     for v, g in groups.items():
         if v == "baseline":
             continue
-        where = min(ends[v], ends["baseline"])
+        where = fraction * min(ends[v], ends["baseline"])
         b, c = at(groups["baseline"], where), at(g, where)
         delta = float(c.mean() - b.mean())
         half = t * sd * np.sqrt(1 / len(b) + 1 / len(c)) if df else np.nan
@@ -328,8 +334,8 @@ def to_markdown(table: pd.DataFrame) -> str:
 
     lines = [
         "| variant | A [interval] | B | C_mid | final mean@16 | predictable? | verdict vs baseline "
-        "| measured at the budget (95%, seeds) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| measured at the budget (95%, seeds) | measured at half the budget |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
         a = (
@@ -347,7 +353,8 @@ def to_markdown(table: pd.DataFrame) -> str:
             verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
         lines.append(
             f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
-            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} | {_text(r.get('measured'))} |"
+            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} | {_text(r.get('measured'))} | "
+            f"{_text(r.get('half_measured'))} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -443,13 +450,17 @@ def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None
     table.to_csv(out / "loo_table.csv", index=False)
     (out / "loo_table.md").write_text(to_markdown(table))
     x = _fit_config(fit)[0]["x"]
-    if extra["fits"]:
+    unfitted = {  # measured but with no fit (flat, spliced): drawn as points, never left out
+        v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
+    }
+    if extra["fits"] or unfitted:
         plot_fits(
             extra["fits"],
             out / "loo_curves.png",
             forecasts=extra["forecasts"],
             xlabel=x,
             title=f"{title}: mean@16 vs compute, sigmoid fits" if title else None,
+            unfitted=unfitted,
         )
     extrapolation_check(curves, fit).to_csv(out / "extrapolation.csv", index=False)
     return table

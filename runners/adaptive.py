@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
+from scipy.stats import norm
 
 from runners import store
 from runners.campaign import STOP_FILE, Adaptive, X
@@ -72,8 +73,10 @@ def decide_at(
 
     Two ways to stop: the fitted rule (``scalefit.decide_stop``), and **no gain**: a variant that
     has not risen above its start (so no sigmoid can be fitted, and none ruled out) while the
-    predictable baseline has already made most of its predicted gain and is predicted to end
-    above anything the variant has reached, by more than the margin.
+    baseline has already made most of its predicted gain and is predicted to end above anything
+    the variant has reached, by more than the margin. The baseline must be predictable, or
+    identified with only its backtest error above the margin: then its prediction is first
+    lowered by z(risk) x that error, as the fitted rule does.
     """
     baselines = {} if baselines is None else baselines
     if fraction not in baselines:
@@ -109,10 +112,15 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
     b_now = float(baseline.point([fraction * budget])[0])
     share = (b_now - f.R0) / (b_final - f.R0) if b_final != f.R0 else 0.0
     lo = float(np.percentile(baseline.mean_draws([budget])[:, 0], 100 * cfg.risk))
+    verdict = baseline.verdict
+    if verdict is not None and not verdict.predictable and verdict.error_only:
+        # identified, its only flaw a backtest error above the margin: as scalefit.decide_stop does,
+        # move its prediction down by z(risk) x that error before comparing
+        lo -= float(norm.ppf(1.0 - cfg.risk)) * (baseline.expected_error or 0.0)
     base = StopDecision(False, "", variant_final=latest, baseline_final=b_final)
     if latest - start >= NO_GAIN:
         base.reason = f"keep running: the variant cannot be fitted yet ({why})"
-    elif baseline.verdict is None or not baseline.verdict.predictable:
+    elif verdict is None or not (verdict.predictable or verdict.error_only):
         base.reason = f"keep running: the variant shows no gain, but the baseline is not yet predictable ({why})"
     elif share < BASELINE_GAIN_SHARE or lo - cfg.margin <= best:
         base.reason = (
@@ -123,7 +131,8 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
         base.stop = True
         base.reason = (
             f"stop: no gain (mean@16 {start:.3f} -> {latest:.3f}) at {fraction:.0%} of the budget, while the baseline "
-            f"has made {share:.0%} of its gain and ends above {lo:.3f} with probability {1 - cfg.risk:.0%} "
+            f"has made {share:.0%} of its gain and ends above {lo:.3f} with probability {1 - cfg.risk:.0%}"
+            f"{'' if verdict.predictable else ' after its backtest error'} "
             f"(variant's best {best:.3f}, margin {cfg.margin:g})"
         )
     return base

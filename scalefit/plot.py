@@ -25,13 +25,15 @@ def plot_fits(
     ylabel: str = "mean@16",
     title: str | None = None,
     log_x: bool = True,
+    unfitted: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Path:
     """One figure with each curve's points, its fit (solid up to fit_upto, dashed beyond), its
     confidence band (dark) and prediction band (light); held-out points as open circles.
 
     A fit whose forecast is not yet predictable is drawn as points with a dotted curve and the
-    verdict in its label; a fit whose optimum sits on a grid edge as points only. Compute is on a
-    log scale, as in the paper.
+    verdict in its label; a fit whose optimum sits on a grid edge as points only, and so is each
+    curve in ``unfitted`` (name → compute, values: a curve with no fit at all, e.g. a flat one),
+    so no measured curve is missing from the figure. Compute is on a log scale, as in the paper.
     """
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, (name, f) in enumerate(fits.items()):
@@ -64,6 +66,8 @@ def plot_fits(
             ax.fill_between(grid, plo, phi, color=color, alpha=0.10, linewidth=0)
             ax.fill_between(grid, clo, chi, color=color, alpha=0.25, linewidth=0)
         ax.axhline(f.A, color=color, lw=0.6, ls=":")
+    for j, (name, (c, v)) in enumerate((unfitted or {}).items()):
+        ax.scatter(c, v, s=10, color=f"C{(len(fits) + j) % 10}", alpha=0.6, marker="x", label=f"{name}: no fit")
     if forecasts:
         level = next(iter(forecasts.values())).level
         ax.fill_between([], [], [], color="grey", alpha=0.25, label=f"{level:.0%} confidence band (mean curve)")

@@ -195,6 +195,20 @@ def test_measured_at_the_budget_separates_what_the_seeds_resolve():
     assert "measured at the budget" in to_markdown(table)
 
 
+def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_hides():
+    """A slower learner that reaches the same plateau (a later C_mid) is behind at half the budget,
+    where the seeds resolve it, and within reach of the baseline by the end."""
+    df = curves({"baseline": (2542, 1.92, 0.61), "lr=half": (10_000, 1.92, 0.61)}, seeds=(0, 1, 2), c_max=40_000.0)
+    full = measured_at_budget(df, X, margin=0.02).set_index("variant").loc["lr=half"]
+    half = measured_at_budget(df, X, margin=0.02, fraction=0.5).set_index("variant").loc["lr=half"]
+    assert half["budget"] == pytest.approx(20_000.0, rel=0.01)
+    assert half["measured"].startswith("worse") and half["measured_hi"] < -0.02
+    assert full["measured_delta"] > half["measured_delta"] + 0.02
+    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    assert table.set_index("variant").loc["lr=half", "half_measured"].startswith("worse")
+    assert "| measured at half the budget |" in to_markdown(table)
+
+
 def test_mechanism_table_says_which_axis_acted(tmp_path):
     """From a real MLflow store: an axis acts when its own metric leaves the baseline's seed range,
     appears or vanishes; one whose metric stays inside it did not act."""

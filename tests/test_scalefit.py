@@ -333,8 +333,10 @@ def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
     ok = fit_sigmoid(*synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=2), cmid_grid=PAPER_CMID_GRID)
     saved = {}
     monkeypatch.setattr(plt, "close", lambda fig: saved.setdefault("fig", fig))
-    plot_fits({"edge": edge, "ok": ok}, tmp_path / "p.png")
+    flat_c = np.linspace(100.0, 16_000.0, 20)
+    plot_fits({"edge": edge, "ok": ok}, tmp_path / "p.png", unfitted={"flat": (flat_c, np.full(20, 0.46))})
     ax = saved["fig"].axes[0]
+    assert "flat: no fit" in ax.get_legend_handles_labels()[1]  # a curve with no fit is still drawn
     labels = [line.get_label() for line in ax.get_lines()]
     assert any(label.startswith("ok: A=") for label in labels)
     assert not any(label.startswith("edge: A=") for label in labels)  # no curve for the edge fit
