@@ -707,3 +707,57 @@ def test_an_empty_recipe_file_is_refused(tmp_path):
     (tmp_path / "empty.yaml").write_text("\n")
     with pytest.raises(RecipeError, match="recipe file is empty"):
         load_recipe(tmp_path / "empty.yaml")
+
+
+def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands(tmp_path, monkeypatch):
+    """Packed runs on one SQLite store can make the tracking server refuse writes for a while
+    (loo-gpu3: 13 of 25 runs died of "QueuePool limit ... reached"). The sink retries with
+    backoff: here the server is down for the first attempts and comes back on the same port."""
+    import threading
+
+    from runners.tracking import MlflowSink, local_server
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
+    store, port = f"sqlite:///{tmp_path / 'mlflow.db'}", free_port()
+    with local_server(store, tmp_path / "art", port=port, log=lambda m: None) as url:
+        client = MlflowClient(url)
+        run_id = client.create_run(client.create_experiment("retry")).info.run_id
+        said: list[str] = []
+        sink = MlflowSink(client, run_id, log=said.append)
+    back, done = threading.Event(), threading.Event()
+
+    def restart() -> None:
+        time.sleep(2)
+        with local_server(store, tmp_path / "art", port=port, log=lambda m: None):
+            back.set()
+            done.wait(120)
+
+    server = threading.Thread(target=restart)
+    server.start()
+    try:
+        sink({"val/mean_at_16": 0.5}, 10)  # server down: refused, retried, then lands
+    finally:
+        done.set()
+        server.join()
+    assert back.is_set() and any("retry 1 in 1 s" in m for m in said)
+    history = MlflowClient(store).get_metric_history(run_id, "val/mean_at_16")  # read from the store itself
+    assert [(m.step, m.value) for m in history] == [(10, 0.5)]
+
+
+def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_path):
+    """A run that died after writing an evaluation to metrics.jsonl but before MLflow took it
+    (loo-gpu3's baseline/seed0 lost step 40 so): the resumed run's sink logs what MLflow lacks."""
+    from runners.tracking import MlflowSink
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run_id = client.create_run(client.create_experiment("backfill")).info.run_id
+    client.log_metric(run_id, "val/mean_at_16", 0.48, step=0)
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "val/mean_at_16": v, "compute/samples": 512.0 * s} for s, v in [(0, 0.48), (10, 0.5)]]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said: list[str] = []
+    sink = MlflowSink(client, run_id, log=said.append)
+    assert sink.backfill(metrics) == 1 and "steps [10]" in said[0]
+    assert [m.step for m in client.get_metric_history(run_id, "val/mean_at_16")] == [0, 10]
+    assert [m.step for m in client.get_metric_history(run_id, "compute/samples")] == [10]
+    assert sink.backfill(metrics) == 0  # nothing twice
