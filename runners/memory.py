@@ -7,9 +7,9 @@ limit (an 823M model; full, LoRA and QLoRA), 3.5x above it where they stop early
 28.9 GiB estimated, 7.9-8.2 GiB measured, its evaluation's answers end near 26 of 96 tokens).
 Counted: weights, gradients and AdamW state of fp32 master weights; saved activations of one
 micro-batch under gradient checkpointing (TRL's GRPO default, which ``plan.trl_args`` keeps: each
-layer's input, plus one layer's full set as it is recomputed — the Korthikanti et al. per-layer count, plus eager
-attention's score matrices); the LM head's logits; and the KV cache of generation and of
-evaluation (weights are fp32, so is the cache).
+layer's input, plus one layer's full set as it is recomputed — the Korthikanti et al. per-layer
+count, plus eager attention's score matrices); the LM head's logits; and the KV cache of
+generation and of evaluation (weights are fp32, so is the cache).
 """
 
 from __future__ import annotations

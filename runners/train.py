@@ -39,7 +39,7 @@ from runners.memory import check_fits, estimate, largest_part
 from runners.plan import peft_config, trl_args
 from runners.profiling import PhaseProfiler
 from runners.recipe import Recipe, RecipeError
-from runners.rewards import reward_function
+from runners.rewards import CONFIGURED, reward_function
 from runners.trainer import ScaleRLTrainer
 
 STATE_FILE = "prl_state.json"
@@ -94,8 +94,11 @@ def last_complete_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
 
 def reward_setup(recipe: Recipe) -> tuple[list, list[float]]:
     """TRL's ``reward_funcs`` and ``reward_weights``; the first function is validation's pass criterion."""
-    sections = {"bertscore": asdict(recipe.data.bertscore) if recipe.data.bertscore else None}
-    funcs = [reward_function(name, sections.get(name)) for name in recipe.data.reward]
+    sections = {name: getattr(recipe.data, name) for name in CONFIGURED}  # rewards configured by data.<name>
+    funcs = [
+        reward_function(name, asdict(sections[name]) if sections.get(name) is not None else None)
+        for name in recipe.data.reward
+    ]
     weights = list(recipe.data.reward.values())
     if recipe.length.control == "penalty":
         funcs.append(get_soft_overlong_punishment(recipe.length.max_tokens, recipe.length.penalty_cache))
