@@ -152,13 +152,10 @@ class MlflowSink:
         self.last_train_step = max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=-1)
         self.val_steps = {m.step for m in client.get_metric_history(run_id, store.MEAN_AT_16)}
 
-    def backfill(self, metrics_path: Path) -> int:
-        """Log the evaluations ``metrics.jsonl`` holds and the run lacks (a run that died between
-        writing its record and logging it: a resume would otherwise skip that evaluation for
-        good); returns how many."""
-        if not metrics_path.is_file():
-            return 0
-        records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    def backfill(self, records: list[dict]) -> int:
+        """Log the evaluations the run's ``metrics.jsonl`` holds (``runners.train.metric_records``)
+        and the MLflow run lacks (a run that died between writing its record and logging it: a
+        resume would otherwise skip that evaluation for good); returns how many."""
         missing = [r for r in records if r["step"] not in self.val_steps]
         for r in missing:
             self({k: v for k, v in r.items() if k != "step"}, r["step"])
@@ -234,14 +231,14 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
     """
     import mlflow
 
-    from runners.train import ResumeError, train
+    from runners.train import ResumeError, metric_records, train
 
     client = MlflowClient()
     run_id = os.environ["MLFLOW_RUN_ID"]
     try:
         with mlflow.start_run(run_id=run_id, log_system_metrics=True):
             sink = MlflowSink(client, run_id, log=log)
-            sink.backfill(run_dir / "metrics.jsonl")
+            sink.backfill(metric_records(run_dir / "metrics.jsonl"))
             final = train(recipe, run_dir, sinks=[sink], log=log)
     except ResumeError as e:
         run_id = start_over(client, run_id, run_dir, e.reason, log=log)

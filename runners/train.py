@@ -247,16 +247,24 @@ class Progress(TrainerCallback):
                 sink({f"train/{k}": v for k, v in train_logs.items()}, state.global_step)
 
 
-def _logged_steps(path: Path) -> set[int]:
+def metric_records(path: Path) -> list[dict]:
+    """The evaluation records of a run's ``metrics.jsonl``, each with its ``step``; a line cut
+    short by a crash is skipped."""
     if not path.is_file():
-        return set()
-    steps = set()
+        return []
+    records = []
     for line in path.read_text().splitlines():
         try:
-            steps.add(int(json.loads(line)["step"]))
-        except (ValueError, KeyError):
+            record = json.loads(line)
+            record["step"] = int(record["step"])
+        except (ValueError, KeyError, TypeError):
             continue  # a line cut short by a crash
-    return steps
+        records.append(record)
+    return records
+
+
+def _logged_steps(path: Path) -> set[int]:
+    return {r["step"] for r in metric_records(path)}
 
 
 def check_quantization(recipe: Recipe) -> None:
