@@ -303,8 +303,8 @@ def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
     lo, hi = base.interval("B")
     if c.rule == "B" and lo <= c.B_candidate <= hi:
         return (
-            f"no measurable difference: same A within margin, B {c.B_candidate:.2f} vs {c.B_baseline:.2f} "
-            f"is inside the baseline's {level} interval [{lo:.2f}, {hi:.2f}]"
+            f"no measurable difference: same A within margin; refitted at shared A = {c.shared_A:.3f}, "
+            f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}, inside the baseline's {level} interval [{lo:.2f}, {hi:.2f}]"
         )
     if c.rule == "A":
         better = c.A_candidate > c.A_baseline
