@@ -68,7 +68,7 @@ bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and com
 	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE)) --baseline both
 
 wheels: $(STAMP) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
-	$(BIN)/python -m runners.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
+	$(BIN)/python -m runners.ops.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
 
 import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make import SRC=path/mlflow.db [ARTIFACTS=dir]
 	$(BIN)/python -m runners import $(SRC) $(if $(ARTIFACTS),--artifacts $(ARTIFACTS))

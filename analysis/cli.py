@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.command == "report":
         from analysis.report import write_run_report
-        from runners.store import default_tracking_uri
+        from runners.ops.store import default_tracking_uri
 
         try:
             path = write_run_report(
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from analysis.loo import to_markdown, write_fit, write_report
-    from runners.campaign import CampaignError, load_campaign
-    from runners.store import default_tracking_uri
+    from runners.ops.campaign import CampaignError, load_campaign
+    from runners.ops.store import default_tracking_uri
 
     try:
         camp = load_campaign(args.campaign)

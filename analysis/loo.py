@@ -12,8 +12,8 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from analysis import evidence
-from runners import store
-from runners.store import MEAN_AT_16, PASS_AT_16
+from runners.ops import store
+from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits

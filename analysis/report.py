@@ -19,8 +19,8 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from runners import store
-from runners.store import MEAN_AT_16, PASS_AT_16
+from runners.ops import store
+from runners.ops.store import MEAN_AT_16, PASS_AT_16
 
 TRUNCATION_LIMIT = 0.10  # the paper's instability signal: more than 10% of completions hit the length limit
 ENTROPY_COLLAPSE = 0.10  # entropy below 10% of its starting level

@@ -1,0 +1,11 @@
+"""RL runs on TRL and campaigns of them: what produces the runs that ``analysis`` reads.
+
+- ``recipe``: the typed recipe (YAML → dataclasses, errors that name the fix), shared by all below;
+- ``rl/``: the RL core — the trainer (``ScaleRLTrainer`` on TRL's ``GRPOTrainer``), its sampling,
+  rewards and evaluation, the one recipe→TRL mapping (``plan``), memory estimate, and ``train``;
+- ``task/``: the embedded world a laptop runs offline — the arithmetic task, its tokenizer, the base
+  model built from it, and the datasets;
+- ``ops/``: operations — campaigns (schema, runs, the local and Ray schedulers, adaptive stops), the
+  MLflow contract (``store``) and tracking, PostgreSQL, store transfer, offline wheels;
+- ``cli``: ``python -m runners …``.
+"""

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from runners.campaign import CampaignError
-from runners.postgres import PostgresError
+from runners.ops.campaign import CampaignError
+from runners.ops.postgres import PostgresError
 from runners.recipe import RecipeError, load_recipe, parse_override
 
 
@@ -18,7 +18,7 @@ def _recipe(args: argparse.Namespace):
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from runners.plan import format_plan
+    from runners.rl.plan import format_plan
 
     print(format_plan(_recipe(args)))
     return 0
@@ -28,7 +28,7 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
     """Re-run this command as ``n`` processes through ``accelerate launch`` (DDP; gloo on CPU, NCCL on GPUs)."""
     import subprocess
 
-    from runners.tracking import free_port
+    from runners.ops.tracking import free_port
 
     if n < 2:
         raise RecipeError(f"--gpus {n}: pass 2 or more to spread one run over several devices")
@@ -46,8 +46,8 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
     if args.run_dir:
         cmd += ["--run-dir", args.run_dir]
     if recipe.model.size is not None:  # build the base model once, here, not in every process
-        from runners.basemodel import ensure_base_model
-        from runners.data import task_of
+        from runners.task.basemodel import ensure_base_model
+        from runners.task.data import task_of
 
         ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
@@ -59,7 +59,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = _recipe(args)  # validates before any process is launched
     if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
         return launch_distributed(args, recipe, args.gpus)
-    from runners.train import train
+    from runners.rl.train import train
 
     run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name.replace('/', '-')}-seed{recipe.train.seed}")
     main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate only rank 0 prints and tracks
@@ -71,7 +71,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     log(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}")
     t0 = time.perf_counter()
     if main_process and not args.untracked:
-        from runners.tracking import tracked_train
+        from runners.ops.tracking import tracked_train
 
         if not os.environ.get("MLFLOW_RUN_ID"):  # a single run: its own MLflow run, like a campaign's child
             os.environ["MLFLOW_RUN_ID"] = _single_run(recipe, run_dir, args.experiment)
@@ -94,9 +94,9 @@ def _single_run(recipe, run_dir: Path, experiment: str) -> str:
     resumes, as the folder does), else a new one."""
     from mlflow.tracking import MlflowClient
 
-    from runners import store
-    from runners.campaign import run_key
-    from runners.campaign_runs import new_run
+    from runners.ops import store
+    from runners.ops.campaign import run_key
+    from runners.ops.campaign_runs import new_run
 
     client = MlflowClient(store.default_tracking_uri())
     exp_id = store.experiment_id(client, experiment, create=True)
@@ -110,8 +110,8 @@ def _single_run(recipe, run_dir: Path, experiment: str) -> str:
 
 
 def cmd_base_model(args: argparse.Namespace) -> int:
-    from runners.basemodel import ensure_base_model
-    from runners.data import task_of
+    from runners.task.basemodel import ensure_base_model
+    from runners.task.data import task_of
 
     recipe = _recipe(args)
     if recipe.model.size is None:
@@ -123,7 +123,7 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from runners.campaign_runs import run_campaign
+    from runners.ops.campaign_runs import run_campaign
 
     t0 = time.perf_counter()
     summary = run_campaign(
@@ -146,8 +146,8 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_stale_server(args: argparse.Namespace) -> int:
-    from runners.store import default_tracking_uri
-    from runners.tracking import server_record, stop_stale_server
+    from runners.ops.store import default_tracking_uri
+    from runners.ops.tracking import server_record, stop_stale_server
 
     uri = args.tracking_uri or default_tracking_uri()
     if uri.startswith("sqlite:///"):
@@ -156,8 +156,8 @@ def cmd_stale_server(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from runners.store import default_tracking_uri
-    from runners.transfer import import_store
+    from runners.ops.store import default_tracking_uri
+    from runners.ops.transfer import import_store
 
     src = args.source
     if "://" not in src:  # a SQLite file
@@ -177,8 +177,8 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
     import contextlib
     import signal
 
-    from runners.postgres import PostgresCluster
-    from runners.tracking import free_port, local_server
+    from runners.ops.postgres import PostgresCluster
+    from runners.ops.tracking import free_port, local_server
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt  # a SIGTERM stops MLflow and PostgreSQL as Ctrl-C does

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from runners.tasks import ArithmeticTask
+from runners.task.tasks import ArithmeticTask
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
 INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
@@ -379,8 +379,8 @@ def _require(cond: bool, msg: str) -> None:
 
 def validate(r: Recipe) -> None:
     """Cross-field checks; each message names the key, the value and the fix."""
-    from runners.basemodel import SIZES  # noqa: PLC0415 - avoid importing torch for parsing alone
-    from runners.rewards import NAMES  # noqa: PLC0415
+    from runners.rl.rewards import NAMES  # noqa: PLC0415
+    from runners.task.basemodel import SIZES  # noqa: PLC0415 - avoid importing torch for parsing alone
 
     m, a, ln, b = r.model, r.algorithm, r.length, r.batch
     _require(

@@ -1,6 +1,6 @@
 """Would an adaptive campaign have stopped the right variants, and how much would it have saved?
 
-Replays the decisions of ``runners.adaptive.decide_at`` offline on recorded campaigns, using at
+Replays the decisions of ``runners.ops.adaptive.decide_at`` offline on recorded campaigns, using at
 each decision point only the points up to it, and checks each stop against the full run:
 
 - synthetic campaigns with known truth (a baseline and variants whose asymptote, efficiency or
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from runners.adaptive import decide_at
-from runners.campaign import Adaptive, X
-from runners.store import MEAN_AT_16
+from runners.ops.adaptive import decide_at
+from runners.ops.campaign import Adaptive, X
+from runners.ops.store import MEAN_AT_16
 from scalefit.curve import sigmoid
 from scalefit.synthetic import realistic_runs
 

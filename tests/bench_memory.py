@@ -39,7 +39,7 @@ def random_model(shape: str, out: Path) -> Path:
     project's tokenizer, saved once under ``out``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from runners.tokenizer import build_tokenizer
+    from runners.task.tokenizer import build_tokenizer
 
     layers, hidden = (int(x) for x in shape.lower().split("x"))
     path = out / f"random-llama-{layers}x{hidden}"
@@ -79,7 +79,7 @@ def one(
     model: Path | None = None,
 ) -> dict[str, float]:
     from runners.recipe import load_recipe
-    from runners.train import train
+    from runners.rl.train import train
 
     where = {"model.path": str(model), "model.size": None} if model else {}
     r = load_recipe(

@@ -1,7 +1,7 @@
 """``make bench-runner``: the project's runner against a plain TRL ``GRPOTrainer`` script, same settings.
 
 1. plain TRL: ``GRPOTrainer`` with the recipe's TRL arguments and rewards, nothing else;
-2. the runner: ``runners.train.train`` on the same recipe (``ScaleRLTrainer`` + evaluation callbacks), with
+2. the runner: ``runners.rl.train.train`` on the same recipe (``ScaleRLTrainer`` + evaluation callbacks), with
    the axes plain TRL cannot express set to TRL's own behaviour (uniform sampling, no zero-variance filter,
    token aggregation, length penalty, no pipeline lag), so both do the same work;
 3. the full baseline through the runner at the recipe's evaluation cadence: evaluation's share of run time.
@@ -27,9 +27,9 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from runners.plan import trl_args
 from runners.recipe import load_recipe, parse_override
-from runners.train import prepare_model, reward_setup, train
+from runners.rl.plan import trl_args
+from runners.rl.train import prepare_model, reward_setup, train
 
 TRL_EQUIVALENT = {
     "algorithm.sampling": "uniform",
@@ -66,7 +66,7 @@ class Throughput(TrainerCallback):
 
 
 def plain_trl(recipe, out: Path) -> dict[str, float]:
-    from runners.data import load_rows
+    from runners.task.data import load_rows
 
     model, tok = prepare_model(recipe)
     rows, _ = load_rows(recipe, tok)

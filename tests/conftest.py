@@ -19,8 +19,8 @@ def cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_base(cache_dir) -> Path:
     """The embedded 'tiny' base model, SFT warm start included (about 15 s on 2 cores)."""
-    from runners.basemodel import ensure_base_model
-    from runners.tasks import ArithmeticTask
+    from runners.task.basemodel import ensure_base_model
+    from runners.task.tasks import ArithmeticTask
 
     return ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=lambda m: None)
 
@@ -30,7 +30,7 @@ def random_model_dir(tmp_path_factory) -> Path:
     """An untrained tiny Llama with the project's tokenizer, saved like any HF checkpoint."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from runners.tokenizer import build_tokenizer
+    from runners.task.tokenizer import build_tokenizer
 
     out = tmp_path_factory.mktemp("random-model")
     tok = build_tokenizer(out)

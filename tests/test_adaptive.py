@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runners.adaptive import decide_at
-from runners.campaign import Adaptive, CampaignError, X, load_campaign
-from runners.store import MEAN_AT_16
+from runners.ops.adaptive import decide_at
+from runners.ops.campaign import Adaptive, CampaignError, X, load_campaign
+from runners.ops.store import MEAN_AT_16
 from scalefit.synthetic import realistic_runs
 
 
@@ -106,10 +106,10 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     checkpoint with its history kept, a re-run leaves it stopped, --resume-stopped finishes it."""
     from mlflow.tracking import MlflowClient
 
-    from runners import store
-    from runners.adaptive import decision_tag
-    from runners.campaign import expand
-    from runners.campaign_runs import child_run, run_campaign
+    from runners.ops import store
+    from runners.ops.adaptive import decision_tag
+    from runners.ops.campaign import expand
+    from runners.ops.campaign_runs import child_run, run_campaign
     from tests.test_campaign import history_steps, write_campaign
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -161,11 +161,11 @@ def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path):
     recorded stop to every run of the variant (tags and STOP files), not only the tagged one."""
     from mlflow.tracking import MlflowClient
 
-    from runners import store
-    from runners.adaptive import Monitor, decision_tag
-    from runners.campaign import expand
-    from runners.campaign_runs import child_run
-    from runners.local import run_folder
+    from runners.ops import store
+    from runners.ops.adaptive import Monitor, decision_tag
+    from runners.ops.campaign import expand
+    from runners.ops.campaign_runs import child_run
+    from runners.ops.local import run_folder
     from tests.test_campaign import write_campaign
 
     camp = load_campaign(

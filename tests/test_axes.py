@@ -9,12 +9,12 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
-from runners.basemodel import load_model_and_tokenizer
-from runners.plan import trl_args
 from runners.recipe import RecipeError, recipe_from_dict
-from runners.sampling import NoPositiveResamplingSampler
-from runners.train import reward_setup
-from runners.trainer import ScaleRLTrainer, aggregation_weights, find_subsequence, zero_variance_groups
+from runners.rl.plan import trl_args
+from runners.rl.sampling import NoPositiveResamplingSampler
+from runners.rl.train import reward_setup
+from runners.rl.trainer import ScaleRLTrainer, aggregation_weights, find_subsequence, zero_variance_groups
+from runners.task.basemodel import load_model_and_tokenizer
 
 G = 4  # generations per prompt in these tests
 
@@ -440,7 +440,7 @@ def test_the_private_trl_methods_overridden_keep_their_signatures():
     import trl
     from trl import GRPOTrainer
 
-    from runners.trainer import ScaleRLTrainer
+    from runners.rl.trainer import ScaleRLTrainer
 
     overridden = {n for n, v in vars(ScaleRLTrainer).items() if callable(v) and hasattr(GRPOTrainer, n)} - {"__init__"}
     assert overridden == set(TRL_OVERRIDES), "update TRL_OVERRIDES (and the trainer's docstring) with the overrides"
@@ -451,7 +451,7 @@ def test_the_private_trl_methods_overridden_keep_their_signatures():
         got = list(inspect.signature(getattr(GRPOTrainer, name)).parameters)
         assert got == params, (
             f"TRL {trl.__version__} changed GRPOTrainer.{name}{tuple(got)} (ScaleRLTrainer was written against "
-            f"{tuple(params)}): review runners/trainer.py before upgrading"
+            f"{tuple(params)}): review runners/rl/trainer.py before upgrading"
         )
 
 
@@ -465,7 +465,7 @@ def test_static_kv_cache_samples_the_same_tokens_as_the_dynamic_one(tiny_base, t
     import json
 
     from runners.recipe import load_recipe
-    from runners.train import train
+    from runners.rl.train import train
 
     runs = {}
     for cache in ("dynamic", "static"):

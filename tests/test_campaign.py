@@ -20,9 +20,9 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.campaign import CampaignError, expand, load_campaign
-from runners.campaign_runs import run_campaign
-from runners.tracking import free_port
+from runners.ops.campaign import CampaignError, expand, load_campaign
+from runners.ops.campaign_runs import run_campaign
+from runners.ops.tracking import free_port
 
 TINY = {
     "model.size": "tiny",
@@ -459,8 +459,8 @@ def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
 
 def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
     """A real PostgreSQL (Debian's binaries) behind ``mlflow server``, three runs writing at once."""
-    from runners.postgres import PostgresCluster
-    from runners.tracking import local_server
+    from runners.ops.postgres import PostgresCluster
+    from runners.ops.tracking import local_server
 
     monkeypatch.chdir(tmp_path)
     pg_root = Path(tempfile.mkdtemp(prefix="prl-pg-", dir="/tmp"))  # reachable by the postgres user when root
@@ -494,13 +494,13 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
 
 def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int]:
     """A local server whose campaign was killed with SIGKILL: (its record, its pid)."""
-    from runners.tracking import server_record
+    from runners.ops.tracking import server_record
 
     starter = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from runners.tracking import local_server\n"
+            "import sys, time; from pathlib import Path; from runners.ops.tracking import local_server\n"
             "with local_server(sys.argv[1], Path(sys.argv[2]), log=lambda m: None):\n"
             "    time.sleep(600)",
             store,
@@ -526,7 +526,7 @@ def _gone(pid: int) -> bool:
 def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
     """kill -9 of the process that started a local server leaves the server running (its own
     process group); the next server for the same store finds it through its record and stops it."""
-    from runners.tracking import local_server
+    from runners.ops.tracking import local_server
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     record, stale_pid = _stale_server(tmp_path, store)
@@ -568,7 +568,7 @@ def _metric_rows(run_dir: Path) -> list[dict]:
 
 
 def test_a_truncated_newest_checkpoint_is_skipped_for_the_intact_one(tiny_base, tmp_path):
-    from runners.train import train
+    from runners.rl.train import train
 
     run = tmp_path / "run"
     whole = train(_tiny_recipe(4), run, log=lambda m: None)
@@ -583,7 +583,7 @@ def test_a_truncated_newest_checkpoint_is_skipped_for_the_intact_one(tiny_base, 
 
 
 def test_history_without_a_complete_checkpoint_is_not_restarted_into(tiny_base, tmp_path):
-    from runners.train import ResumeError, train
+    from runners.rl.train import ResumeError, train
 
     run = tmp_path / "run"
     train(_tiny_recipe(4), run, log=lambda m: None)
@@ -599,7 +599,7 @@ def test_out_of_device_memory_is_one_line_naming_the_setting_and_the_rerun_resum
     import torch
 
     from runners.recipe import RecipeError
-    from runners.train import train
+    from runners.rl.train import train
 
     def oom_at_step_3(metrics: dict, step: int) -> None:
         if step == 3 and "train/loss" in metrics:
@@ -715,7 +715,7 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     backoff: here the server is down for the first attempts and comes back on the same port."""
     import threading
 
-    from runners.tracking import MlflowSink, local_server
+    from runners.ops.tracking import MlflowSink, local_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
     store, port = f"sqlite:///{tmp_path / 'mlflow.db'}", free_port()
@@ -748,8 +748,8 @@ def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_pat
     """A run that died after writing an evaluation to metrics.jsonl but before MLflow took it
     (loo-gpu3's baseline/seed0 lost step 40 so): the resumed run's sink logs what MLflow lacks;
     a last line cut short by the kill is skipped, not fatal to the resume."""
-    from runners.tracking import MlflowSink
-    from runners.train import metric_records
+    from runners.ops.tracking import MlflowSink
+    from runners.rl.train import metric_records
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run_id = client.create_run(client.create_experiment("backfill")).info.run_id

@@ -10,8 +10,8 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.plan import trl_args
 from runners.recipe import RecipeError, load_recipe
+from runners.rl.plan import trl_args
 
 TINY = [
     "model.size=tiny",

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from runners.basemodel import ensure_base_model, load_model_and_tokenizer
 from runners.recipe import recipe_from_dict
-from runners.rewards import exact_match, format_reward, math_verify_reward
-from runners.tasks import ArithmeticTask, load_jsonl, solve
-from runners.tokenizer import build_tokenizer
+from runners.rl.rewards import exact_match, format_reward, math_verify_reward
+from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer
+from runners.task.tasks import ArithmeticTask, load_jsonl, solve
+from runners.task.tokenizer import build_tokenizer
 
 
 def test_splits_are_disjoint_stable_and_graded():
@@ -72,8 +72,8 @@ def test_rewards():
 
 def test_rouge_l_reward_scores_sentences_and_composes_by_weight():
     from runners.recipe import recipe_from_dict
-    from runners.rewards import correct, rouge_l_reward
-    from runners.train import reward_setup
+    from runners.rl.rewards import correct, rouge_l_reward
+    from runners.rl.train import reward_setup
 
     ref = "the cat sat on the mat"
     got = rouge_l_reward(
@@ -105,13 +105,13 @@ def test_a_change_to_the_build_code_is_reviewed_against_build_version():
     """The base-model cache and run identities trust BUILD_VERSION; a change to the code that decides
     what is built (not its comments or docstrings) fails here until someone decides whether the
     version must be bumped (stale cached models otherwise survive it) and records the fingerprint."""
-    from runners.basemodel import BUILD_FINGERPRINT, BUILD_VERSION, build_fingerprint
+    from runners.task.basemodel import BUILD_FINGERPRINT, BUILD_VERSION, build_fingerprint
 
     now = build_fingerprint()
     assert now == BUILD_FINGERPRINT, (
         f"the base-model build code changed (fingerprint {now}, recorded {BUILD_FINGERPRINT}): if what a "
         f"build makes changes, bump BUILD_VERSION (now {BUILD_VERSION}); then set BUILD_FINGERPRINT = {now!r} "
-        "in runners/basemodel.py"
+        "in runners/task/basemodel.py"
     )
 
 
@@ -120,13 +120,13 @@ def test_base_model_is_cached_by_config(tiny_base, cache_dir):
     again = ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=pytest.fail)
     assert again == tiny_base and (again / "model.safetensors").stat().st_mtime_ns == stamp
     other = ArithmeticTask(max_operand=5)
-    from runners.basemodel import base_model_path
+    from runners.task.basemodel import base_model_path
 
     assert base_model_path("tiny", other, cache_dir / "base-models") != tiny_base
 
 
 def test_local_model_and_jsonl_dataset_train_through_the_same_path(tiny_base, tmp_path):
-    from runners.train import train
+    from runners.rl.train import train
 
     data = tmp_path / "data.jsonl"
     rng = random.Random(0)
@@ -225,8 +225,8 @@ def _bertscore_f1_by_hand(model_dir: Path, cand: str, ref: str) -> float:
 
 def test_bertscore_reward_uses_a_local_encoder_and_composes_by_weight(local_encoder, tmp_path):
     from runners.recipe import RecipeError, recipe_from_dict
-    from runners.rewards import BertScoreReward
-    from runners.train import reward_setup
+    from runners.rl.rewards import BertScoreReward
+    from runners.rl.train import reward_setup
 
     ref = "paris is the capital of france"
     other = "berlin is the capital of germany"

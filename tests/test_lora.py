@@ -10,12 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from runners.basemodel import load_model_and_tokenizer
-from runners.data import load_rows
-from runners.evaluation import evaluate
-from runners.memory import estimate
 from runners.recipe import RecipeError, load_recipe, recipe_from_dict
-from runners.train import train
+from runners.rl.evaluation import evaluate
+from runners.rl.memory import estimate
+from runners.rl.train import train
+from runners.task.basemodel import load_model_and_tokenizer
+from runners.task.data import load_rows
 
 R = 4
 
@@ -108,8 +108,8 @@ def test_memory_estimate_bounds_the_peaks_measured_on_a_gpu():
     fine-tuning, LoRA and QLoRA alike."""
     import pandas as pd
 
-    from runners.memory import Dims
-    from runners.tokenizer import build_tokenizer
+    from runners.rl.memory import Dims
+    from runners.task.tokenizer import build_tokenizer
 
     measured = pd.read_csv(Path(__file__).resolve().parent.parent / "results" / "gpu-memory" / "memory.csv")
     h, n, inter, v = 2048, 16, 5632, len(build_tokenizer())

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 
-from runners.postgres import ROLE, PostgresCluster, find_bin
-from runners.tracking import free_port
+from runners.ops.postgres import ROLE, PostgresCluster, find_bin
+from runners.ops.tracking import free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another local user (runuser)")
 

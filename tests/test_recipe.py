@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from runners.plan import format_plan
 from runners.recipe import RECIPES_DIR, RecipeError, load_recipe, parse_override
+from runners.rl.plan import format_plan
 
 
 def test_baseline_recipe_is_the_papers_choices():
@@ -66,9 +66,9 @@ def test_bad_recipes_fail_with_the_key_and_fix(overrides, message):
 
 
 def test_train_prompts_limits_the_rl_pool_but_not_the_base_model():
-    from runners.basemodel import build_key
-    from runners.data import load_rows
-    from runners.tokenizer import build_tokenizer
+    from runners.task.basemodel import build_key
+    from runners.task.data import load_rows
+    from runners.task.tokenizer import build_tokenizer
 
     full, small = load_recipe("scalerl"), load_recipe("scalerl", {"data.train_prompts": 100})
     tok = build_tokenizer()
@@ -118,7 +118,7 @@ def test_plan_cli_reports_errors_without_traceback():
 
 
 def test_memory_estimate_names_the_dominant_setting_and_refuses_what_cannot_fit():
-    from runners.memory import check_fits, dominant, estimate
+    from runners.rl.memory import check_fits, dominant, estimate
 
     small = load_recipe("scalerl-gpu", {"eval.batch_prompts": 10})
     big = load_recipe("scalerl-gpu", {"eval.batch_prompts": 1000})

@@ -10,8 +10,8 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from runners.transfer import SOURCE_TAG, import_store
-from runners.wheelhouse import read_lock, select
+from runners.ops.transfer import SOURCE_TAG, import_store
+from runners.ops.wheelhouse import read_lock, select
 
 ROOT = Path(__file__).resolve().parent.parent
 

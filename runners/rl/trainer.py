@@ -12,7 +12,7 @@ points and without copying its code:
 - zero-variance filtering: prompts whose rewards are all equal leave the loss and its
   normaliser (their completion mask is zeroed); the batch shrinks, no resampling;
 - No-Positive-Resampling: pass-rate history per prompt, gathered across processes, feeds
-  the sampler in ``runners.sampling``;
+  the sampler in ``runners.rl.sampling``;
 - interruptions: generation stops at a thinking budget drawn per completion; if
   ``</think>`` was not written by then, the interruption phrase is appended and the model
   writes its answer within an answer budget;
@@ -46,9 +46,9 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-from runners.profiling import PhaseProfiler
 from runners.recipe import Recipe
-from runners.sampling import NoPositiveResamplingSampler
+from runners.rl.profiling import PhaseProfiler
+from runners.rl.sampling import NoPositiveResamplingSampler
 
 
 def find_subsequence(seq: list[int], sub: list[int]) -> int | None:
@@ -181,7 +181,7 @@ class ScaleRLTrainer(GRPOTrainer):
         self._phrase_ids = tok(ln.interruption_phrase, add_special_tokens=False)["input_ids"]
         self._think_close_ids = tok("</think>", add_special_tokens=False)["input_ids"]
 
-    # --- state that must survive a resume (saved with each checkpoint by runners.train) ---
+    # --- state that must survive a resume (saved with each checkpoint by runners.rl.train) ---
     def state_dict(self) -> dict[str, Any]:
         return {
             "compute_tokens": self.compute_tokens,

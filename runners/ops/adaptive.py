@@ -27,8 +27,8 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 from scipy.stats import norm
 
-from runners import store
-from runners.campaign import STOP_FILE, Adaptive, X
+from runners.ops import store
+from runners.ops.campaign import STOP_FILE, Adaptive, X
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
 from scalefit.grids import parse_grid
 

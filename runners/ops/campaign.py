@@ -1,8 +1,8 @@
 """What a campaign is: its file (a baseline recipe, overrides, seeds, axes, controls, fit
 settings), its expansion into runs, and each run's identity.
 
-Running one is ``runners.campaign_runs`` (MLflow bookkeeping) with a scheduler beside it:
-``runners.local`` (processes on this machine) or ``runners.cluster`` (Ray tasks).
+Running one is ``runners.ops.campaign_runs`` (MLflow bookkeeping) with a scheduler beside it:
+``runners.ops.local`` (processes on this machine) or ``runners.ops.cluster`` (Ray tasks).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
 
-CAMPAIGNS_DIR = Path(__file__).resolve().parent.parent / "experiments" / "campaigns"
+CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
 # The code's part of a run's identity. Bump it when a change alters what a run with the same
 # recipe produces (training, evaluation, compute accounting or the embedded base model); a
@@ -29,14 +29,14 @@ class CampaignError(ValueError):
     """A campaign file, its expansion or its launch is wrong; the message names the fix."""
 
 
-STOP_FILE = "STOP"  # in a run's folder: the run ends at its next step, at a checkpoint (runners.adaptive)
+STOP_FILE = "STOP"  # in a run's folder: the run ends at its next step, at a checkpoint (runners.ops.adaptive)
 X = "compute/samples"  # adaptive decisions compare budgets in completions generated, whatever the machine load
 
 
 @dataclass
 class Adaptive:
     """A campaign's ``adaptive:`` section: decision points (fractions of the budget), the
-    comparison margin and the risk of a wrong stop (``runners.adaptive`` acts on it)."""
+    comparison margin and the risk of a wrong stop (``runners.ops.adaptive`` acts on it)."""
 
     at: list[float]
     margin: float = 0.02
@@ -198,7 +198,7 @@ def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
 
 def code_version() -> str:
     """The code's part of a run's identity: the run version and the base model's build version."""
-    from runners.basemodel import BUILD_VERSION  # noqa: PLC0415 - parsing a campaign needs no torch
+    from runners.task.basemodel import BUILD_VERSION  # noqa: PLC0415 - parsing a campaign needs no torch
 
     return f"run{RUN_VERSION}-build{BUILD_VERSION}"
 

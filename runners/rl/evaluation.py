@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from runners.rewards import REWARDS, is_well_formed
+from runners.rl.rewards import REWARDS, is_well_formed
 
 
 @torch.no_grad()

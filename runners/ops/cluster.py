@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from runners.campaign import RunSpec
-from runners.local import Launch, tail
+from runners.ops.campaign import RunSpec
+from runners.ops.local import Launch, tail
 
 
 class Preempted(RuntimeError):
@@ -42,7 +42,7 @@ def run_on_ray(
     monitor: Callable[[], None] | None = None,
 ) -> list[tuple[RunSpec, str]]:
     """Submit every run (``prepare(spec)`` gives its MLflow run and command) as a Ray task and wait;
-    returns ``(spec, log tail)`` failures, as ``runners.local.run_local`` does."""
+    returns ``(spec, log tail)`` failures, as ``runners.ops.local.run_local`` does."""
     import ray
 
     if not ray.is_initialized():

@@ -31,16 +31,16 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
-from runners.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
-from runners.campaign import STOP_FILE
-from runners.data import load_rows, task_of
-from runners.evaluation import evaluate
-from runners.memory import check_fits, estimate, largest_part
-from runners.plan import peft_config, trl_args
-from runners.profiling import PhaseProfiler
+from runners.ops.campaign import STOP_FILE
 from runners.recipe import Recipe, RecipeError
-from runners.rewards import CONFIGURED, reward_function
-from runners.trainer import ScaleRLTrainer
+from runners.rl.evaluation import evaluate
+from runners.rl.memory import check_fits, estimate, largest_part
+from runners.rl.plan import peft_config, trl_args
+from runners.rl.profiling import PhaseProfiler
+from runners.rl.rewards import CONFIGURED, reward_function
+from runners.rl.trainer import ScaleRLTrainer
+from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
+from runners.task.data import load_rows, task_of
 
 STATE_FILE = "prl_state.json"
 MetricsSink = Callable[[dict[str, float], int], None]

@@ -23,9 +23,9 @@ from datasets import Dataset, disable_progress_bars
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from trl import SFTConfig, SFTTrainer
 
-from runners.evaluation import evaluate
-from runners.tasks import ArithmeticTask
-from runners.tokenizer import build_tokenizer
+from runners.rl.evaluation import evaluate
+from runners.task.tasks import ArithmeticTask
+from runners.task.tokenizer import build_tokenizer
 
 BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes what gets built
 # build_fingerprint() when BUILD_VERSION was last reviewed: tests/test_embedded.py fails when the build
@@ -40,7 +40,7 @@ def build_fingerprint() -> str:
     import inspect  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    from runners import tasks, tokenizer  # noqa: PLC0415
+    from runners.task import tasks, tokenizer  # noqa: PLC0415
 
     def strip(tree: ast.AST) -> ast.AST:
         for node in ast.walk(tree):

@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 from runners.recipe import Recipe
-from runners.tasks import ArithmeticTask, load_jsonl, render_prompt
+from runners.task.tasks import ArithmeticTask, load_jsonl, render_prompt
 
 INSTRUCTION = "Think inside <think></think>, then give the final answer inside <answer></answer>."
 

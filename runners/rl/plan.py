@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runners.memory import GRADIENT_CHECKPOINTING, estimate, format_estimate
 from runners.recipe import Recipe, RecipeError
+from runners.rl.memory import GRADIENT_CHECKPOINTING, estimate, format_estimate
 
-LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.trainer
+LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.rl.trainer
 ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
 
 
@@ -150,11 +150,11 @@ def format_plan(r: Recipe) -> str:
         "  Algorithm → TRL:",
         f"    loss {a.loss} → loss_type={t['loss_type']!r}, importance_sampling_level="
         f"{t['importance_sampling_level']!r}, epsilon={t['epsilon']}, epsilon_high={t['epsilon_high']}",
-        f"    aggregation {a.aggregation} → per-completion advantage weights (runners.trainer)",
+        f"    aggregation {a.aggregation} → per-completion advantage weights (runners.rl.trainer)",
         f"    advantage_norm {a.advantage_norm} → scale_rewards={t['scale_rewards']!r}",
         f"    advantage_baseline {a.advantage_baseline}"
         + (
-            " → RLOO: TRL's group-centred advantages x G/(G-1), or / their batch std (runners.trainer)"
+            " → RLOO: TRL's group-centred advantages x G/(G-1), or / their batch std (runners.rl.trainer)"
             if a.advantage_baseline == "leave_one_out"
             else " → TRL's group mean"
         ),
@@ -172,7 +172,7 @@ def format_plan(r: Recipe) -> str:
             + (", weights in 4-bit NF4 (QLoRA)" if r.model.quantization == "4bit" else "")
         ),
         "",
-        "  Device memory (estimate, runners.memory):",
+        "  Device memory (estimate, runners.rl.memory):",
         *format_estimate(estimate(r)),
     ]
     return "\n".join(out)

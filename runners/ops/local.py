@@ -2,7 +2,7 @@
 slots (``parallel`` on CPU, ``runs_per_gpu`` per GPU on every visible GPU), with each run's
 progress echoed to the console as it happens.
 
-It shares its interface with the Ray backend (``runners.cluster.run_on_ray``): a list of runs
+It shares its interface with the Ray backend (``runners.ops.cluster.run_on_ray``): a list of runs
 and a ``prepare(spec) -> Launch`` callback that gives each its MLflow run and command; both
 return the failures with the last lines of their logs. A run that dies of a signal (a segfault in
 native code, the kernel's OOM killer) is started again up to ``max_retries`` times: it resumes from
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from runners.campaign import Campaign, CampaignError, RunSpec
+from runners.ops.campaign import Campaign, CampaignError, RunSpec
 
 PROGRESS_MARKS = ("] step ", "building base model", "base model ready", "resuming", "stopped at step", "done in ")
 
@@ -97,7 +97,7 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
     Packed runs that each found the cache empty would all build it at once (measured on an H200:
     416-550 s each for 4 concurrent builds against 118-146 s for one alone).
     """
-    from runners.basemodel import base_model_path
+    from runners.task.basemodel import base_model_path
 
     users: dict[Path, list[RunSpec]] = {}
     for spec in todo:

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 from mlflow.tracking import MlflowClient
 
-from runners import store
+from runners.ops import store
 
 
 def free_port() -> int:
@@ -153,7 +153,7 @@ class MlflowSink:
         self.val_steps = {m.step for m in client.get_metric_history(run_id, store.MEAN_AT_16)}
 
     def backfill(self, records: list[dict]) -> int:
-        """Log the evaluations the run's ``metrics.jsonl`` holds (``runners.train.metric_records``)
+        """Log the evaluations the run's ``metrics.jsonl`` holds (``runners.rl.train.metric_records``)
         and the MLflow run lacks (a run that died between writing its record and logging it: a
         resume would otherwise skip that evaluation for good); returns how many."""
         missing = [r for r in records if r["step"] not in self.val_steps]
@@ -221,7 +221,7 @@ def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, lo
 
 
 def tracked_train(recipe, run_dir: Path, log=print) -> dict:
-    """``runners.train.train`` inside the MLflow run named by ``MLFLOW_RUN_ID``.
+    """``runners.rl.train.train`` inside the MLflow run named by ``MLFLOW_RUN_ID``.
 
     System metrics are on; the run's files (metrics, recipe, best checkpoint record, sample
     completions) become artifacts, the samples also an MLflow table; the done tag marks a
@@ -231,7 +231,7 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
     """
     import mlflow
 
-    from runners.train import ResumeError, metric_records, train
+    from runners.rl.train import ResumeError, metric_records, train
 
     client = MlflowClient()
     run_id = os.environ["MLFLOW_RUN_ID"]

@@ -1,6 +1,6 @@
 """Running a campaign: its runs' MLflow bookkeeping (an experiment per campaign, a parent run, a
 child run per variant x seed with the recipe as params), what is done and what is left, and
-handing the rest to a scheduler (``runners.local`` or ``runners.cluster``).
+handing the rest to a scheduler (``runners.ops.local`` or ``runners.ops.cluster``).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
 its checkpoint into the same MLflow run.
@@ -17,9 +17,9 @@ from typing import Any
 from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
-from runners import store
-from runners.campaign import STOP_FILE, Campaign, RunSpec, code_version, expand, fmt_value, load_campaign
-from runners.local import Launch, command, run_folder, run_local
+from runners.ops import store
+from runners.ops.campaign import STOP_FILE, Campaign, RunSpec, code_version, expand, fmt_value, load_campaign
+from runners.ops.local import Launch, command, run_folder, run_local
 from runners.recipe import Recipe
 
 
@@ -46,7 +46,7 @@ def run_campaign(
     """Run every to-do run of a campaign; returns a summary with failures (and, for an adaptive
     campaign, the compute its stops saved). Runs an adaptive campaign stopped stay stopped unless
     ``resume_stopped``: then they continue from their last checkpoint to the full budget."""
-    from runners.tracking import local_server
+    from runners.ops.tracking import local_server
 
     camp = load_campaign(ref)
     specs = expand(camp, only_axis)
@@ -89,7 +89,7 @@ def run_campaign(
 
         monitor = None
         if camp.adaptive is not None and not only_axis:
-            from runners.adaptive import Monitor
+            from runners.ops.adaptive import Monitor
 
             members: dict[str, list] = {}
             for spec in specs:  # every run of the campaign gets its MLflow run now: decisions need them all
@@ -99,7 +99,7 @@ def run_campaign(
             monitor = Monitor(camp.adaptive, worker_client, members, log=log, exempt=resumed)
 
         if camp.backend == "ray":
-            from runners.cluster import run_on_ray
+            from runners.ops.cluster import run_on_ray
 
             failures = run_on_ray(
                 todo,
