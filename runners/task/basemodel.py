@@ -30,7 +30,7 @@ from runners.task.tokenizer import build_tokenizer
 BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes what gets built
 # build_fingerprint() when BUILD_VERSION was last reviewed: tests/test_embedded.py fails when the build
 # code changes until both are looked at (bump the version if what is built changes, then this)
-BUILD_FINGERPRINT = "b15b8ef37dea478d"  # tests/test_embedded.py; the regrouping changed only import lines
+BUILD_FINGERPRINT = "b15b8ef37dea478d"
 
 
 def build_fingerprint() -> str:
