@@ -1,8 +1,10 @@
-# Every target sets itself up: `make setup` runs first when .venv is missing or stale.
+# Every target sets itself up: `make setup` (the runtime set) runs first when .venv is missing or
+# stale; test, lint, lab and wheels also install the full set (`make setup-full`).
 PY      ?= python3.11
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
+FULL    := $(VENV)/.installed-full
 export PYTHONUNBUFFERED := 1
 export MPLBACKEND := Agg
 CAMPAIGN ?= loo-cpu
@@ -14,7 +16,7 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test chromium lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup setup-full test chromium lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -26,9 +28,14 @@ $(STAMP): pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
-setup: $(STAMP) ## create .venv with the pinned dependencies (requirements.lock) and the project, editable
+$(FULL): $(STAMP) requirements-full.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-full.lock
+	touch $(FULL)
 
-test: $(STAMP) postgres chromium ## ruff + the whole test suite
+setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
+setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requirements-full.lock)
+
+test: $(FULL) postgres chromium ## ruff + the whole test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -45,7 +52,7 @@ postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (i
 tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (README: exposing it safely)
 	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT))
 
-lint: $(STAMP) ## ruff only
+lint: $(FULL) ## ruff only
 	$(BIN)/ruff check .
 
 fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → artifacts/fit-demo/{fit.json,fit.png}
@@ -67,7 +74,7 @@ bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, pack
 bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and completion length, GRPO and RLOO → artifacts/bench-memory/
 	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE)) --baseline both
 
-wheels: $(STAMP) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
+wheels: $(FULL) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
 	$(BIN)/python -m runners.ops.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
 
 import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make import SRC=path/mlflow.db [ARTIFACTS=dir]
@@ -84,7 +91,7 @@ report: $(STAMP) ## a run's Markdown report with plots and anomalies: make repor
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run id or name, e.g. baseline/seed0> [CAMPAIGN=loo-cpu]"; exit 2; }
 	$(BIN)/python -m analysis report "$(RUN)" $(if $(filter-out loo-cpu,$(CAMPAIGN)),--experiment $(CAMPAIGN))
 
-lab: $(STAMP) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over the project's store [LAB_PORT=8888] [CAMPAIGN=]
+lab: $(FULL) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over the project's store [LAB_PORT=8888] [CAMPAIGN=]
 	@echo "JupyterLab: open the http://127.0.0.1:$(LAB_PORT)/lab?token=... address printed below (store $${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db}, campaign $(CAMPAIGN))"
 	MLFLOW_TRACKING_URI=$${MLFLOW_TRACKING_URI:-sqlite:///$(CURDIR)/mlflow.db} PRL_CAMPAIGN=$(CAMPAIGN) \
 	  $(BIN)/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) --ServerApp.port_retries=0 \

@@ -402,6 +402,19 @@ def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path
     assert "resuming from" in log
 
 
+def test_a_ray_campaign_without_ray_installed_names_the_set_up_before_anything_runs(store, tmp_path, monkeypatch):
+    """ray is in the full set only (requirements-full.lock): a Ray campaign on a runtime-only
+    set-up stops with the command that installs it, before any MLflow run or process exists."""
+    path = write_campaign(
+        tmp_path / "ray.yaml", "no-ray", 4, {"loss": {"key": "algorithm.loss", "values": ["dapo"]}}, backend="ray"
+    )
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: import ray fails, find_spec gives None
+    with pytest.raises(CampaignError, match="make setup-full"):
+        run_campaign(path, log=lambda m: None)
+    assert MlflowClient(store).get_experiment_by_name("no-ray") is None
+    assert not (tmp_path / "artifacts" / "campaigns" / "no-ray").exists()
+
+
 @contextlib.contextmanager
 def killer(camp_dir: Path, sig: int):
     """Kill the baseline seed-0 run's train process with ``sig`` once, when its first checkpoint is

@@ -33,6 +33,22 @@ def test_wheel_set_is_the_pinned_closure_less_what_the_target_has():
         select({k: v for k, v in lock.items() if k != "trl"}, provided=set())
 
 
+def test_the_runtime_lock_is_what_runs_need_and_the_full_lock_adds_tests_lab_and_ray():
+    """`make ablation` installs requirements.lock only (the set-up a newcomer waits for); the
+    tools of `make test` / `make lab` and the Ray backend are pinned in requirements-full.lock."""
+    runtime, full = read_lock(ROOT / "requirements.lock"), read_lock(ROOT / "requirements-full.lock")
+    assert not set(runtime) & set(full)  # one pin per package
+    assert {"pytest", "ruff", "jupyterlab", "nbclient", "ray"} <= set(full)
+    assert not {"pytest", "ruff", "jupyterlab", "nbclient", "ray"} & set(runtime)
+    select(runtime, provided=set())  # the runtime closure is pinned in the runtime lock alone
+    assert "ray" in {
+        p.split("==")[0]
+        for p in select(
+            read_lock(ROOT / "requirements.lock", ROOT / "requirements-full.lock"), provided=set(), extra=("ray",)
+        )
+    }
+
+
 def make_source(uri: str, root: Path) -> tuple[str, str]:
     client = MlflowClient(uri)
     exp = client.create_experiment("camp", artifact_location=str(root / "mlruns"))

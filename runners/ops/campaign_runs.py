@@ -9,6 +9,7 @@ its checkpoint into the same MLflow run.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +19,16 @@ from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
 from runners.ops import store
-from runners.ops.campaign import STOP_FILE, Campaign, RunSpec, code_version, expand, fmt_value, load_campaign
+from runners.ops.campaign import (
+    STOP_FILE,
+    Campaign,
+    CampaignError,
+    RunSpec,
+    code_version,
+    expand,
+    fmt_value,
+    load_campaign,
+)
 from runners.ops.local import Launch, command, run_folder, run_local
 from runners.recipe import Recipe
 
@@ -59,6 +69,11 @@ def run_campaign(
         log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
     if dry_run:
         return {"runs": len(specs), "dry_run": True}
+    if camp.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise CampaignError(
+            f"campaign {camp.name} runs on Ray, which is not installed here: `make setup-full` "
+            "(or pip install -r requirements.lock -r requirements-full.lock) installs the pinned ray"
+        )
 
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)

@@ -1,11 +1,12 @@
 """A reproducible wheel set for air-gapped machines (clusters, the lent GPU box).
 
-The set is the runtime closure of the project's dependencies, pinned to ``requirements.lock``
-(the tested versions), minus what the target already provides: torch always (its build is the
-cluster's CUDA choice) and, optionally, every package named in a ``provided`` file (one name per
-line, ``pip freeze`` output works) except those in ``always`` (the HF/RL stack, whose versions
-must match the lock). Wheels are fetched for the target's Python and platform, so they can be
-built here and installed there with ``pip install --no-index --no-deps --target DIR wheels/*.whl``.
+The set is the runtime closure of the project's dependencies, pinned to ``requirements.lock`` and
+``requirements-full.lock`` (the tested versions; the second pins ray, for ``--with ray``), minus
+what the target already provides: torch always (its build is the cluster's CUDA choice) and,
+optionally, every package named in a ``provided`` file (one name per line, ``pip freeze`` output
+works) except those in ``always`` (the HF/RL stack, whose versions must match the lock). Wheels
+are fetched for the target's Python and platform, so they can be built here and installed there
+with ``pip install --no-index --no-deps --target DIR wheels/*.whl``.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def read_lock(path: Path) -> dict[str, str]:
+def read_lock(*paths: Path) -> dict[str, str]:
+    """``{name: version}`` of every pin in the given lock files."""
     pins = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            pins[norm(name)] = version.strip()
+    for path in paths:
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if "==" in line:
+                name, version = line.split("==", 1)
+                pins[norm(name)] = version.strip()
     return pins
 
 
@@ -82,7 +85,7 @@ def select(
         if name in NEVER or (name in provided and name not in always):
             continue
         if name not in lock:
-            raise SystemExit(f"wheels: {name} is needed but not pinned in requirements.lock")
+            raise SystemExit(f"wheels: {name} is needed but not pinned in the lock files")
         pins.append(f"{name}=={lock[name]}")
     return pins
 
@@ -109,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("wheels"), help="folder for the wheels (default: wheels/)")
     p.add_argument("--python", default="3.12", help="the target's Python version (default: 3.12)")
-    p.add_argument("--lock", type=Path, default=Path("requirements.lock"))
+    p.add_argument(
+        "--lock",
+        type=Path,
+        nargs="+",
+        default=[Path("requirements.lock"), Path("requirements-full.lock")],
+        help="pinned versions (default: requirements.lock requirements-full.lock)",
+    )
     p.add_argument(
         "--provided",
         type=Path,
@@ -125,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     provided = read_names(args.provided) if args.provided else set()
-    pins = select(read_lock(args.lock), provided, extra=tuple(args.extra))
+    pins = select(read_lock(*args.lock), provided, extra=tuple(args.extra))
     print(f"{len(pins)} wheels for Python {args.python} → {args.out}/", flush=True)
     download(pins, args.out, args.python)
     size = sum(f.stat().st_size for f in args.out.glob("*.whl")) / 2**20
