@@ -154,6 +154,7 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             R0=f.R0,
             sse=f.sse,
             a_at_edge=f.a_at_edge,
+            b_at_bound=f.b_at_bound,
             predictable=fc.verdict.predictable,
             predictability=fc.verdict.text(),
             expected_error=fc.expected_error,
@@ -345,6 +346,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         )
         if r.get("a_at_edge") is True:
             a += " (grid edge)"
+        b = fmt(r.get("B"), ".2f") + (" (bound)" if r.get("b_at_bound") is True else "")
         pred = r.get("predictability", "")
         pred = "" if not isinstance(pred, str) else pred
         verdict = r.get("verdict", "")
@@ -352,7 +354,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations
             verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
         lines.append(
-            f"| {r['variant']} | {a} | {fmt(r.get('B'), '.2f')} | {fmt(r.get('C_mid'), '.3g')} | "
+            f"| {r['variant']} | {a} | {b} | {fmt(r.get('C_mid'), '.3g')} | "
             f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} | {_text(r.get('measured'))} | "
             f"{_text(r.get('half_measured'))} |"
         )

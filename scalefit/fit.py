@@ -75,6 +75,12 @@ class SigmoidFit:
         return len(self.cmid_grid) > 1 and self.grid_C_mid in (self.cmid_grid[0], self.cmid_grid[-1])
 
     @property
+    def b_at_bound(self) -> bool:
+        """B sits on a bound of its range: at the top the fitted curve is a step at C_mid, at the
+        bottom a flat line; either way the sigmoid's shape (B, and with it C_mid) is not identified."""
+        return not (B_BOUNDS[0] * 1.01 < self.B < B_BOUNDS[1] * 0.99)
+
+    @property
     def n_points(self) -> int:
         return len(self.compute)
 
@@ -340,6 +346,12 @@ def fit_sigmoid(
             A, B, C_mid, sse = pA, pB, pC, p_sse
 
     notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
+    if not B_BOUNDS[0] * 1.01 < B < B_BOUNDS[1] * 0.99:
+        notes.append(
+            f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is "
+            + ("a step at C_mid" if B > 1 else "flat")
+            + ", not a sigmoid; its shape is not identified by these points (more evaluations across the rise)"
+        )
     for note in notes:
         warnings.warn(note, stacklevel=2)
     return SigmoidFit(

@@ -466,6 +466,8 @@ def _verdict(fc: Forecast) -> Verdict:
         reasons.append(f"A = {f.A:.3f} on the edge of its grid [{f.a_grid.min():.3f}, {f.a_grid.max():.3f}]")
     if f.cmid_at_edge:
         reasons.append(f"C_mid = {f.C_mid:.4g} on the edge of its grid")
+    if f.b_at_bound:
+        reasons.append(f"B = {f.B:.3g} on a bound of its range: {'a step' if f.B > 1 else 'flat'}, not a sigmoid")
     identified = not reasons
     err = fc.expected_error
     error_reason = err is not None and err > fc.margin

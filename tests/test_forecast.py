@@ -131,3 +131,24 @@ def test_bad_forecast_arguments_are_refused(kw, msg):
     c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
     with pytest.raises(FitError, match=msg):
         forecast(fit_sigmoid(c, v, a_grid=A_GRID), **kw)
+
+
+def test_a_step_fit_with_b_on_its_bound_is_flagged_and_decides_nothing():
+    """A curve that is flat within noise and jumps at its end (the default CPU campaign's baseline
+    at 30 steps: 0.380 0.363 0.398 0.362 0.361 0.399 0.414) fits best as a step, B on its bound:
+    the fit says so, the forecast is not predictable for that reason, and a comparison cannot decide."""
+    from scalefit import compare_fits
+
+    c = np.arange(1, 7) * 640.0
+    v = np.array([0.363, 0.398, 0.362, 0.361, 0.399, 0.414])
+    with pytest.warns(UserWarning, match="B = 50 is at a bound"):
+        step = fit_sigmoid(c, v, r0=0.380, a_grid=A_GRID)
+    assert step.b_at_bound and any("not a sigmoid" in w for w in step.warnings)
+    fc = forecast(step, n_resamples=100)
+    assert not fc.verdict.predictable and any("on a bound of its range: a step" in r for r in fc.verdict.reasons)
+
+    cs, vs = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=0)
+    smooth = fit_sigmoid(cs, vs, a_grid=A_GRID)
+    assert not smooth.b_at_bound and not smooth.warnings  # a real sigmoid is not flagged
+    cmp = compare_fits(smooth, step, names=("base", "variant"))
+    assert cmp.verdict.startswith("cannot decide") and "on a bound of its range" in cmp.verdict

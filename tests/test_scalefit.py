@@ -340,5 +340,5 @@ def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
     labels = [line.get_label() for line in ax.get_lines()]
     assert any(label.startswith("ok: A=") for label in labels)
     assert not any(label.startswith("edge: A=") for label in labels)  # no curve for the edge fit
-    assert "edge: no identifiable fit (optimum on a grid edge)" in ax.get_legend_handles_labels()[1]
+    assert "edge: no identifiable fit (grid edge or bound)" in ax.get_legend_handles_labels()[1]
     assert ax.get_xscale() == "log"
