@@ -66,10 +66,12 @@ def mechanism_runs(curves: pd.DataFrame, client: MlflowClient) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def acted(runs: pd.DataFrame) -> pd.DataFrame:
+def acted(runs: pd.DataFrame, identical: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
     """Per variant, the seed mean of each mechanism metric and ``acted``: which of the axis's own
     metrics left the baseline's range over seeds (and by more than ``RELATIVE``), or appeared or
-    vanished (a mechanism switched on or off)."""
+    vanished with a non-zero value (a mechanism switched on or off; one logged as 0 never fired).
+    Variants in ``identical`` (mean@16 equal to the baseline's at every step) did not act, whatever
+    their metrics show (e.g. prompts retired by No-Positive-Resampling that were never redrawn)."""
     groups = dict(tuple(runs.groupby("variant", sort=False)))
     base = groups.get("baseline")
     rows = []
@@ -81,6 +83,8 @@ def acted(runs: pd.DataFrame) -> pd.DataFrame:
             row["acted"] = ""
         elif cols is None:
             row["acted"] = "control: see every column"
+        elif variant in identical:
+            row["acted"] = "did not act: mean@16 identical to the baseline's at every step"
         elif not cols:
             row["acted"] = "no mechanism metric; acts by construction (tests/test_axes.py)"
         else:
@@ -99,8 +103,9 @@ def _fmt(v: float) -> str:
 
 
 def _moved(base: pd.Series, variant: pd.Series) -> bool:
-    if base.isna().all() or variant.isna().all():
-        return base.isna().all() != variant.isna().all()  # logged in one, not the other: switched on or off
+    if base.isna().all() or variant.isna().all():  # logged in one only: switched on or off, if it ever fired
+        logged = variant if base.isna().all() else base
+        return not logged.isna().all() and bool(np.nanmax(np.abs(logged)) > 0)
     lo, hi, v = base.min(), base.max(), variant.mean()
     apart = variant.min() > hi or variant.max() < lo
     return bool(apart and abs(v - base.mean()) > RELATIVE * max(abs(v), abs(base.mean())))

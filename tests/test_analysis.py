@@ -213,7 +213,9 @@ def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_h
 
 def test_mechanism_table_says_which_axis_acted(tmp_path):
     """From a real MLflow store: an axis acts when its own metric leaves the baseline's seed range,
-    appears or vanishes; one whose metric stays inside it did not act."""
+    or appears or vanishes with a non-zero value; one whose metric stays inside it, is logged only
+    as 0 (a clip that never fired: the CPU default's DAPO), or whose mean@16 equals the baseline's
+    at every step did not act."""
     from mlflow.tracking import MlflowClient
 
     from analysis.evidence import acted, mechanism_runs, to_markdown
@@ -227,6 +229,8 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
         ("fp32=off", 1): {"sampling/sampling_logp_difference/mean": [2.7e-4, 2.7e-4]},
         ("fp32=same", 0): {"sampling/sampling_logp_difference/mean": [2.1e-4, 2.2e-4]},
         ("loss=dapo", 0): {"clip_ratio/region_mean": [0.004, 0.006]},
+        ("loss=gspo", 0): {"clip_ratio/region_mean": [0.0, 0.0]},
+        ("sampling=uniform", 0): {},
         ("aggregation=sample", 0): {},
     }
     rows = []
@@ -235,12 +239,18 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
         for name, values in metrics.items():
             for step, v in enumerate(values):
                 client.log_metric(run, f"train/{name}", v, step=step)
+        if variant.startswith("baseline"):
+            client.log_metric(run, "train/npr/dropped_prompts", 9.0, step=1)  # retired, never redrawn
         axis = variant.split("=")[0] if "=" in variant else None
         rows.append({"run_id": run, "variant": variant, "axis": "fp32" if axis == "fp32" else axis, "seed": seed})
-    table = acted(mechanism_runs(pd.DataFrame(rows), client)).set_index("variant")
+    runs = mechanism_runs(pd.DataFrame(rows), client)
+    table = acted(runs, identical={"sampling=uniform"}).set_index("variant")
     assert table.loc["fp32=off", "acted"].startswith("acted: logp mismatch")
     assert table.loc["fp32=same", "acted"].startswith("did not act")
-    assert table.loc["loss=dapo", "acted"] == "acted: clipped (DAPO/GSPO) — → 0.005; clipped (CISPO) 0 → —"
+    assert table.loc["loss=dapo", "acted"] == "acted: clipped (DAPO/GSPO) — → 0.005"  # CISPO's 0 → —: never fired
+    assert table.loc["loss=gspo", "acted"].startswith("did not act")  # switched on, but 0: never clipped
+    assert table.loc["sampling=uniform", "acted"] == "did not act: mean@16 identical to the baseline's at every step"
+    assert acted(runs).set_index("variant").loc["sampling=uniform", "acted"].startswith("acted: NPR dropped 9")
     assert table.loc["aggregation=sample", "acted"].startswith("no mechanism metric")
     assert table.loc["baseline", "logp mismatch"] == pytest.approx(2.15e-4)
     assert "| fp32=off |" in to_markdown(table.reset_index())
