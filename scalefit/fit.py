@@ -394,6 +394,6 @@ def _refine_b(c, v, A, C_mid, r0, B, sse) -> tuple[float, float]:
     except (RuntimeError, ValueError):
         return B, sse
     sse_ref = float(np.sum((sigmoid(c, A, b_ref, C_mid, r0) - v) ** 2))
-    if b_ref > 0 and sse_ref <= sse:
+    if B_BOUNDS[0] <= b_ref <= B_BOUNDS[1] and sse_ref <= sse:  # unbounded curve_fit can leave the range
         return float(b_ref), sse_ref
     return B, sse

@@ -342,3 +342,24 @@ def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
     assert not any(label.startswith("edge: A=") for label in labels)  # no curve for the edge fit
     assert "edge: no identifiable fit (grid edge or bound)" in ax.get_legend_handles_labels()[1]
     assert ax.get_xscale() == "log"
+
+
+def test_b_never_leaves_its_range_and_a_fit_on_its_bound_says_so():
+    """loo-gpu5's PPO-off-policy-8 (rises, then collapses): the winning cell's B was refined by an
+    unbounded curve_fit to 77.5, outside the range (0.001, 50) that the warning then quoted."""
+    from pathlib import Path
+
+    from scalefit.fit import B_BOUNDS
+
+    curves = pd.read_csv(Path(__file__).resolve().parents[1] / "results/loo-gpu5/curves.csv")
+    g = curves[curves["variant"] == "off_policy=ppo"]
+    x, y = g["compute/samples"].to_numpy(), g["val/mean_at_16"].to_numpy()
+    with pytest.warns(UserWarning, match="B = 50 is at a bound"):
+        f = fit_sigmoid(
+            x[x > 0],
+            y[x > 0],
+            r0=float(y[x == 0].mean()),
+            runs=g["seed"].to_numpy()[x > 0],
+            a_grid=np.arange(0.05, 1.0, 0.005),
+        )
+    assert B_BOUNDS[0] <= f.B <= B_BOUNDS[1] and f.b_at_bound
