@@ -99,9 +99,7 @@ lab: $(FULL) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over 
 	  analysis/loo.ipynb
 
 ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5000]
-	@$(BIN)/python -m runners stop-stale-server --tracking-uri sqlite:///$(CURDIR)/mlflow.db
-	@echo "MLflow UI: http://127.0.0.1:$(PORT)  (store sqlite:///$(CURDIR)/mlflow.db)"
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port $(PORT)
+	$(BIN)/python -m runners ui --tracking-uri sqlite:///$(CURDIR)/mlflow.db --port $(PORT)
 
 plan: $(STAMP) ## print the batch plan of a recipe: make plan [RECIPE=scalerl]
 	$(BIN)/python -m runners plan $(RECIPE)

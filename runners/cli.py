@@ -145,14 +145,17 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-def cmd_stale_server(args: argparse.Namespace) -> int:
+def cmd_ui(args: argparse.Namespace) -> int:
+    """Stop a server a killed campaign left on the store, then become ``mlflow ui`` over it."""
     from runners.ops.store import default_tracking_uri
-    from runners.ops.tracking import server_record, stop_stale_server
+    from runners.ops.tracking import TRACKING_ONLY, server_record, stop_stale_server
 
     uri = args.tracking_uri or default_tracking_uri()
     if uri.startswith("sqlite:///"):
         stop_stale_server(server_record(uri, Path("artifacts")), log=print)
-    return 0
+    print(f"MLflow UI: http://{args.host}:{args.port}  (store {uri})", flush=True)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--workers", "1"]
+    os.execve(sys.executable, [*cmd, "--port", str(args.port)], os.environ | TRACKING_ONLY)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -270,12 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--experiment", action="append", help="only this experiment (repeatable; default all)")
     i.add_argument("--tracking-uri", help="destination (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     i.set_defaults(func=cmd_import)
-    st = sub.add_parser(
-        "stop-stale-server",
-        help="stop a tracking server that a killed campaign left running on the store (make ui runs this first)",
+    u = sub.add_parser(
+        "ui",
+        help="the MLflow UI over the store (make ui); first stops a server a killed campaign left on it",
+        description="Stop a tracking server that a killed campaign left running on the store, then run "
+        "`mlflow ui` over it (tracking only: no GenAI job runner). Ctrl-C stops it.",
     )
-    st.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
-    st.set_defaults(func=cmd_stale_server)
+    u.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    u.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.set_defaults(func=cmd_ui)
     ts = sub.add_parser(
         "tracking-server",
         help="a shared MLflow tracking server on PostgreSQL (started here) with an artifact root",

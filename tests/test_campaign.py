@@ -281,30 +281,15 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
     exp_id = MlflowClient(store).get_experiment_by_name("ui-check").experiment_id
     port = free_port()
     ui = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "ui",
-            "--backend-store-uri",
-            store,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
+        [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        for _ in range(120):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
+        _wait_healthy(base)
+        assert len(psutil.Process(ui.pid).children(recursive=True)) == 1  # uvicorn only: no job runner
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ui-check") as r:
             exp = json.load(r)["experiment"]
         assert exp["experiment_id"] == exp_id
@@ -554,17 +539,50 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
 def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _, stale_pid = _stale_server(tmp_path, store)
-    r = subprocess.run(
-        [sys.executable, "-m", "runners", "stop-stale-server", "--tracking-uri", store],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0 and "stopping a stale MLflow server" in r.stdout and str(stale_pid) in r.stdout
-    deadline = time.time() + 10
-    while not _gone(stale_pid) and time.time() < deadline:
-        time.sleep(0.2)
-    assert _gone(stale_pid)
+    port = free_port()
+    log = tmp_path / "ui.log"
+    with log.open("w") as out:
+        ui = subprocess.Popen(
+            [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}")
+        said = log.read_text()
+        assert "stopping a stale MLflow server" in said and str(stale_pid) in said
+        assert _gone(stale_pid)
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+def test_a_local_server_runs_tracking_only(tmp_path):
+    """MLflow's server starts a job runner and ~8 huey consumers (~200 MB each) for GenAI jobs
+    unless told not to; a campaign's server is the server and its uvicorn worker, no more."""
+    from runners.ops.tracking import local_server, server_record
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with local_server(store, tmp_path / "art", log=lambda m: None) as url:
+        assert MlflowClient(url).search_experiments()
+        time.sleep(2)  # the job runner, when on, starts after the server answers
+        server = psutil.Process(json.loads(server_record(store, tmp_path / "art").read_text())["pid"])
+        children = server.children(recursive=True)
+        assert [" ".join(c.cmdline()) for c in children if "uvicorn" not in " ".join(c.cmdline())] == []
+        assert len(children) == 1
+
+
+def _wait_healthy(base: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2):
+                return
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 # --- resume never splices two runs (#13 item 1) ---------------------------------------------

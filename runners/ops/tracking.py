@@ -26,6 +26,10 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops import store
 
+#: A server that does tracking only: MLflow's job runner (huey consumers for GenAI features,
+#: about eight processes of ~200 MB) stays off.
+TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -81,7 +85,8 @@ def local_server(
 ) -> Iterator[str]:
     """Run ``mlflow server`` (on 127.0.0.1 unless told otherwise) in front of a store; yields its URL.
 
-    In front of SQLite it gives many processes one writer, so none sees "database is locked"."""
+    In front of SQLite it gives many processes one writer, so none sees "database is locked".
+    It runs as one process and its uvicorn worker(s): tracking only (``TRACKING_ONLY``)."""
     port = port or free_port()
     artifacts.mkdir(parents=True, exist_ok=True)
     record = server_record(backend_uri, artifacts)
@@ -103,7 +108,9 @@ def local_server(
         str(workers),
     ]
     logf = (artifacts / "server.log").open("ab")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ | TRACKING_ONLY
+    )
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     try:
         deadline = time.time() + 120
