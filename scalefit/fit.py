@@ -34,6 +34,13 @@ CHUNK_FLOATS = 4_000_000  # floats per temporary array (32 MB): bounds memory fo
 B_SCAN = np.geomspace(0.02, 40.0, 80)  # ratio 1.1 between neighbours
 REFINE_SLACK = 0.05
 REFINE_MIN_CELLS = 64
+
+
+def b_on_bound(B: float) -> bool:
+    """B within 1% of an end of ``B_BOUNDS``: the fit ran into its range, B is not identified."""
+    return not B_BOUNDS[0] * 1.01 < B < B_BOUNDS[1] * 0.99
+
+
 MIN_POINTS = 4
 MIN_GAIN = 0.01
 
@@ -78,7 +85,7 @@ class SigmoidFit:
     def b_at_bound(self) -> bool:
         """B sits on a bound of its range: at the top the fitted curve is a step at C_mid, at the
         bottom a flat line; either way the sigmoid's shape (B, and with it C_mid) is not identified."""
-        return not (B_BOUNDS[0] * 1.01 < self.B < B_BOUNDS[1] * 0.99)
+        return b_on_bound(self.B)
 
     @property
     def n_points(self) -> int:
@@ -346,7 +353,7 @@ def fit_sigmoid(
             A, B, C_mid, sse = pA, pB, pC, p_sse
 
     notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
-    if not B_BOUNDS[0] * 1.01 < B < B_BOUNDS[1] * 0.99:
+    if b_on_bound(B):
         notes.append(
             f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is "
             + ("a step at C_mid" if B > 1 else "flat")

@@ -732,6 +732,22 @@ def test_bad_campaign_files_get_one_clear_line(tmp_path, text, msg):
     assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
 
 
+def test_a_listing_whose_reader_stops_early_ends_quietly(tmp_path):
+    """`runners campaign … --dry-run | head -1`: the reader closes the pipe; no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a reader that already stopped: every write meets a closed pipe
+    env = os.environ | {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    r = subprocess.run(
+        [sys.executable, "-m", "runners", "campaign", "loo-gpu5", "--dry-run"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    os.close(write_end)
+    assert r.returncode == 141 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr
+
+
 def test_an_empty_recipe_file_is_refused(tmp_path):
     from runners.recipe import RecipeError, load_recipe
 
