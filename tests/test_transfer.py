@@ -10,7 +10,8 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from runners.ops.transfer import SOURCE_TAG, import_store
+from runners.ops.store import IMPORTED_FROM
+from runners.ops.transfer import import_store
 from runners.ops.wheelhouse import read_lock, select
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path):
 
     client = MlflowClient(dst)
     exp = client.get_experiment_by_name("camp")
-    runs = {r.data.tags[SOURCE_TAG]: r for r in client.search_runs([exp.experiment_id])}
+    runs = {r.data.tags[IMPORTED_FROM]: r for r in client.search_runs([exp.experiment_id])}
     child, parent = runs[child_id], runs[parent_id]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id  # remapped to the copy
     assert child.data.tags["prl.run_id"] == "abc" and child.data.params["algorithm.loss"] == "cispo"

@@ -10,7 +10,7 @@ from pathlib import Path
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-SOURCE_TAG = "prl.imported_from"  # the source run id, so a second import finds what it copied
+from runners.ops.store import IMPORTED_FROM
 
 
 def _artifact_dir(artifact_uri: str, artifacts_root: Path | None) -> Path | None:
@@ -40,8 +40,8 @@ def import_store(
         target = dst.get_experiment_by_name(exp.name)
         exp_id = target.experiment_id if target else dst.create_experiment(exp.name)
         done = {
-            r.data.tags[SOURCE_TAG]: r.info.run_id
-            for r in dst.search_runs([exp_id], filter_string=f"tags.`{SOURCE_TAG}` != ''", max_results=50000)
+            r.data.tags[IMPORTED_FROM]: r.info.run_id
+            for r in dst.search_runs([exp_id], filter_string=f"tags.`{IMPORTED_FROM}` != ''", max_results=50000)
         }
         runs = src.search_runs([exp.experiment_id], max_results=50000)
         runs.sort(key=lambda r: "mlflow.parentRunId" in r.data.tags)  # parents first
@@ -53,7 +53,7 @@ def import_store(
             parent = run.data.tags.get("mlflow.parentRunId")
             if parent is not None:
                 tags["mlflow.parentRunId"] = done.get(parent, parent)
-            tags[SOURCE_TAG] = run.info.run_id
+            tags[IMPORTED_FROM] = run.info.run_id
             new = dst.create_run(exp_id, start_time=run.info.start_time, tags=tags, run_name=run.info.run_name)
             new_id = new.info.run_id
             params = [Param(k, v) for k, v in run.data.params.items()]
@@ -70,7 +70,7 @@ def import_store(
             if folder is not None and folder.is_dir():
                 dst.log_artifacts(new_id, str(folder))
             dst.set_terminated(new_id, status=run.info.status, end_time=run.info.end_time)
-            dst.log_batch(new_id, tags=[RunTag(SOURCE_TAG, run.info.run_id)])
+            dst.log_batch(new_id, tags=[RunTag(IMPORTED_FROM, run.info.run_id)])
             done[run.info.run_id] = new_id
             counts["runs"] += 1
         log(f"{exp.name}: {counts['runs']} run(s) imported, {counts['skipped']} already present")

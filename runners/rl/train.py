@@ -32,6 +32,7 @@ from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
 from runners.ops.campaign import STOP_FILE
+from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from runners.recipe import Recipe, RecipeError
 from runners.rl.evaluation import evaluate
 from runners.rl.memory import check_fits, estimate, largest_part
@@ -178,8 +179,8 @@ class Progress(TrainerCallback):
             with (self.run_dir / "samples.jsonl").open("a") as fh:
                 fh.write(json.dumps({"step": step, "samples": m.pop("samples")}) + "\n")
         record = {
-            "val/mean_at_16": m["mean_at_k"],
-            "val/pass_at_16": m["pass_at_k"],
+            MEAN_AT_16: m["mean_at_k"],
+            PASS_AT_16: m["pass_at_k"],
             "val/format_error_rate": m["format_error_rate"],
             "val/seconds": m["seconds"],
             "val/prompts": float(m["prompts"]),
@@ -199,7 +200,7 @@ class Progress(TrainerCallback):
                 shutil.rmtree(best_dir, ignore_errors=True)
                 model.save_pretrained(str(best_dir))
                 self.trainer.processing_class.save_pretrained(str(best_dir))
-                (best_dir / "best.json").write_text(json.dumps({"step": step, "val/mean_at_16": self.best}) + "\n")
+                (best_dir / "best.json").write_text(json.dumps({"step": step, MEAN_AT_16: self.best}) + "\n")
         self.logged_steps.add(step)
         self.log(
             f"[{self.recipe.name}] step {step:>5}/{self.recipe.train.steps}  mean@16 {m['mean_at_k']:.3f}  "
