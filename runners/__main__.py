@@ -1,12 +1,3 @@
-import os
-import sys
+from runners.cli import main, run_cli
 
-from runners.cli import main
-
-try:
-    code = main()
-    sys.stdout.flush()
-except BrokenPipeError:  # the reader closed the pipe (`| head`): stop quietly, as cat does
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    code = 141
-raise SystemExit(code)
+raise SystemExit(run_cli(main))
