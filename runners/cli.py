@@ -154,8 +154,8 @@ def cmd_ui(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or default_tracking_uri()
     if uri.startswith("sqlite:///"):
         stop_stale_server(server_record(uri, Path("artifacts")), log=print)
-    print(f"MLflow UI: http://{args.host}:{args.port}  (store {uri})", flush=True)
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", args.host, "--workers", "1"]
+    print(f"MLflow UI: http://127.0.0.1:{args.port}  (store {uri})", flush=True)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--workers", "1"]
     os.execve(sys.executable, [*cmd, "--port", str(args.port)], os.environ | TRACKING_ONLY)
 
 
@@ -278,10 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
         "ui",
         help="the MLflow UI over the store (make ui); first stops a server a killed campaign left on it",
         description="Stop a tracking server that a killed campaign left running on the store, then run "
-        "`mlflow ui` over it (tracking only: no GenAI job runner). Ctrl-C stops it.",
+        "`mlflow ui` over it on 127.0.0.1 (tracking only: no GenAI job runner; to share runs, use "
+        "`tracking-server`). Ctrl-C stops it.",
     )
     u.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
-    u.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
     u.set_defaults(func=cmd_ui)
     ts = sub.add_parser(
