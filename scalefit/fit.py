@@ -137,6 +137,7 @@ class SigmoidFit:
             "grid_C_mid": self.grid_C_mid,
             "a_at_edge": self.a_at_edge,
             "cmid_at_edge": self.cmid_at_edge,
+            "b_at_bound": self.b_at_bound,
             "warnings": list(self.warnings),
         }
         extrap = self.extrapolation()

@@ -144,6 +144,7 @@ def test_a_step_fit_with_b_on_its_bound_is_flagged_and_decides_nothing():
     with pytest.warns(UserWarning, match="B = 50 is at a bound"):
         step = fit_sigmoid(c, v, r0=0.380, a_grid=A_GRID)
     assert step.b_at_bound and any("not a sigmoid" in w for w in step.warnings)
+    assert step.to_dict()["b_at_bound"] is True  # `python -m scalefit fit --json` carries it too
     fc = forecast(step, n_resamples=100)
     assert not fc.verdict.predictable and any("on a bound of its range: a step" in r for r in fc.verdict.reasons)
 
