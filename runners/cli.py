@@ -152,6 +152,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from runners.ops.tracking import TRACKING_ONLY, server_record, stop_stale_server
 
     uri = args.tracking_uri or default_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        print(f"error: {uri} is a tracking server: it serves its own UI, open it in a browser", file=sys.stderr)
+        return 2
     if uri.startswith("sqlite:///"):
         stop_stale_server(server_record(uri, Path("artifacts")), log=print)
     print(f"MLflow UI: http://127.0.0.1:{args.port}  (store {uri})", flush=True)

@@ -558,6 +558,19 @@ def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
         ui.wait(timeout=30)
 
 
+def test_the_ui_of_a_tracking_server_is_the_server_itself():
+    """`runners ui` over a store that is a server (MLFLOW_TRACKING_URI of `make tracking-server`):
+    one line pointing at it, not `mlflow ui`'s traceback about registry URIs."""
+    r = subprocess.run(
+        [sys.executable, "-m", "runners", "ui", "--tracking-uri", "http://127.0.0.1:5001"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "http://127.0.0.1:5001 is a tracking server: it serves its own UI" in r.stderr
+
+
 def test_a_local_server_runs_tracking_only(tmp_path):
     """MLflow's server starts a job runner and ~8 huey consumers (~200 MB each) for GenAI jobs
     unless told not to; a campaign's server is the server and its uvicorn worker, no more."""
