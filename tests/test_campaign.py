@@ -266,11 +266,13 @@ def test_concurrent_runs_lose_no_metrics(store, tmp_path):
     for r in runs:
         assert history_steps(client, r.info.run_id, "val/mean_at_16") == [0, 2, 4]
         assert history_steps(client, r.info.run_id, "train/loss") == [1, 2, 3, 4]
-        stamps = [m.timestamp for m in client.get_metric_history(r.info.run_id, "train/loss")]
+        stamps = [m.timestamp for key in r.data.metrics for m in client.get_metric_history(r.info.run_id, key)]
         spans.append((min(stamps), max(stamps)))
-    # they really ran at the same time: every run logged training steps while each other was logging
-    for a, b in itertools.combinations(spans, 2):
-        assert a[0] <= b[1] and b[0] <= a[1], spans
+    # they really ran at the same time: all three processes were started before the first one ended ...
+    first_end = next(i for i, x in enumerate(lines) if "] done " in x or "] FAILED " in x)
+    assert sum("] start " in x for x in lines[:first_end]) == 3, lines
+    # ... and the store took their writes interleaved (which pairs overlap depends on the machine's load)
+    assert any(a[0] <= b[1] and b[0] <= a[1] for a, b in itertools.combinations(spans, 2)), spans
 
 
 def test_mlflow_ui_serves_the_campaign(store, tmp_path):
