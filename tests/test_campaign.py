@@ -262,16 +262,21 @@ def test_concurrent_runs_lose_no_metrics(store, tmp_path):
     client = MlflowClient(store)
     runs = client.search_runs([client.get_experiment_by_name("concurrent").experiment_id], "tags.`prl.run_id` != ''")
     assert len(runs) == 3
-    spans = []
     for r in runs:
         assert history_steps(client, r.info.run_id, "val/mean_at_16") == [0, 2, 4]
         assert history_steps(client, r.info.run_id, "train/loss") == [1, 2, 3, 4]
+    assert_ran_together(lines, client, runs)
+
+
+def assert_ran_together(lines: list[str], client: MlflowClient, runs) -> None:
+    """The campaign's runs really ran at the same time: all were started before the first one
+    ended, and the store took their writes interleaved (which pairs overlap depends on the load)."""
+    first_end = next(i for i, x in enumerate(lines) if "] done " in x or "] FAILED " in x)
+    assert sum("] start " in x for x in lines[:first_end]) == len(runs), lines
+    spans = []
+    for r in runs:
         stamps = [m.timestamp for key in r.data.metrics for m in client.get_metric_history(r.info.run_id, key)]
         spans.append((min(stamps), max(stamps)))
-    # they really ran at the same time: all three processes were started before the first one ended ...
-    first_end = next(i for i, x in enumerate(lines) if "] done " in x or "] FAILED " in x)
-    assert sum("] start " in x for x in lines[:first_end]) == 3, lines
-    # ... and the store took their writes interleaved (which pairs overlap depends on the machine's load)
     assert any(a[0] <= b[1] and b[0] <= a[1] for a, b in itertools.combinations(spans, 2)), spans
 
 
@@ -478,7 +483,8 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
             {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]}},
             parallel=3,
         )
-        summary = run_campaign(path, log=lambda m: None)
+        lines: list[str] = []
+        summary = run_campaign(path, log=lines.append)
         assert not summary["failures"] and summary["ran"] == 3
         assert summary["tracking_uri"] == url
         client = MlflowClient(url)
@@ -490,6 +496,7 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
             for key in ("train/loss", "train/reward", "train/time/generation_seconds"):
                 assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
             assert "samples_table.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert_ran_together(lines, client, children)
 
 
 def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int]:
