@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report → {path} (also logged to the run under report/)")
         return 0
 
-    import pandas as pd
-
-    from analysis.loo import to_markdown, write_fit, write_report
+    from analysis.loo import read_curves, to_markdown, write_fit, write_report
     from runners.ops.campaign import CampaignError, load_campaign
     from runners.ops.store import default_tracking_uri
 
@@ -64,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         camp = load_campaign(args.campaign)
         out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
         if args.curves:
-            if not Path(args.curves).is_file():
-                raise ValueError(f"{args.curves}: no such file")
-            table = write_fit(pd.read_csv(args.curves), out, camp.fit, title=camp.name)
+            table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
             print(to_markdown(table))
             print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
             return 0

@@ -66,6 +66,23 @@ def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
 
 
+def read_curves(path: Path, fit: dict[str, Any] | None = None) -> pd.DataFrame:
+    """A published ``curves.csv`` (what ``load_curves`` returned, saved), checked for the columns the
+    campaign's ``fit`` needs; empty text cells read back as "" as they were written, not NaN."""
+    x = _fit_config(fit)[0]["x"]
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    curves = pd.read_csv(path)
+    missing = [c for c in ("run", "variant", "axis", "seed", "step", MEAN_AT_16, x) if c not in curves]
+    if missing:
+        raise ValueError(
+            f"{path}: missing column(s) {', '.join(map(repr, missing))} (a curves.csv as `analysis fit` writes it has"
+            f" {', '.join(['run', 'variant', 'axis', 'seed', 'step', *CURVE_METRICS])})"
+        )
+    text = [c for c in ("axis", "stopped") if c in curves]
+    return curves.astype({c: object for c in text}).fillna({c: "" for c in text})
+
+
 def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
     """Completions generated before each step, from a run's logged recipe: one batch of rollouts per
     step, or (PPO-off-policy-k) one per k steps."""

@@ -38,15 +38,12 @@ class Comparison:
 
 
 def _unfit_reasons(name: str, f: SigmoidFit, fc: Forecast | None) -> list[str]:
-    out = []
-    if f.a_at_edge:
-        out.append(f"{name}'s A = {f.A:.3f} is on the edge of its grid (asymptote not identified; widen --a-grid)")
-    if f.cmid_at_edge:
-        out.append(f"{name}'s C_mid = {f.C_mid:.4g} is on the edge of its grid (widen --cmid-grid)")
-    if f.b_at_bound:
-        out.append(f"{name}'s B = {f.B:.3g} is on a bound of its range (the curve's shape is not identified)")
+    said = f.not_identified
+    out = [f"{name}'s {reason}" for reason in said]
     if fc is not None and fc.verdict is not None and not fc.verdict.predictable:
-        out.append(f"{name} is not yet predictable ({'; '.join(fc.verdict.reasons)})")
+        rest = [r for r in fc.verdict.reasons if r not in said]  # the forecast repeats what is said above
+        if rest or not out:
+            out.append(f"{name} is not yet predictable" + (f" ({'; '.join(rest)})" if rest else ""))
     return out
 
 

@@ -41,6 +41,11 @@ def b_on_bound(B: float) -> bool:
     return not B_BOUNDS[0] * 1.01 < B < B_BOUNDS[1] * 0.99
 
 
+def _bound_shape(B: float) -> str:
+    """What a curve with B on a bound of its range looks like."""
+    return "a step at C_mid" if B > 1 else "flat"
+
+
 MIN_POINTS = 4
 MIN_GAIN = 0.01
 
@@ -86,6 +91,25 @@ class SigmoidFit:
         """B sits on a bound of its range: at the top the fitted curve is a step at C_mid, at the
         bottom a flat line; either way the sigmoid's shape (B, and with it C_mid) is not identified."""
         return b_on_bound(self.B)
+
+    @property
+    def not_identified(self) -> list[str]:
+        """Why the fitted optimum is not identified by the points (empty when it is): A or C_mid on
+        the edge of its grid, B on a bound of its range. Every verdict and plot reads this one list."""
+        out = []
+        if self.a_at_edge:
+            out.append(
+                f"A = {self.A:.3f} is on the edge of its grid [{self.a_grid.min():.3f}, {self.a_grid.max():.3f}]"
+                " (asymptote not identified; widen --a-grid)"
+            )
+        if self.cmid_at_edge:
+            out.append(
+                f"C_mid = {self.C_mid:.4g} is on the edge of its grid [{self.cmid_grid.min():.4g},"
+                f" {self.cmid_grid.max():.4g}] (widen --cmid-grid)"
+            )
+        if self.b_at_bound:
+            out.append(f"B = {self.B:.3g} is on a bound of its range: {_bound_shape(self.B)}, not a sigmoid")
+        return out
 
     @property
     def n_points(self) -> int:
@@ -356,9 +380,8 @@ def fit_sigmoid(
     notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
     if b_on_bound(B):
         notes.append(
-            f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is "
-            + ("a step at C_mid" if B > 1 else "flat")
-            + ", not a sigmoid; its shape is not identified by these points (more evaluations across the rise)"
+            f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is {_bound_shape(B)}, not a"
+            " sigmoid; its shape is not identified by these points (more evaluations across the rise)"
         )
     for note in notes:
         warnings.warn(note, stacklevel=2)

@@ -462,12 +462,7 @@ def _verdict(fc: Forecast) -> Verdict:
     if share < KNEE_SHARE:
         reasons.append(f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point")
         more.append(f.C_mid / c_fit)
-    if f.a_at_edge:
-        reasons.append(f"A = {f.A:.3f} on the edge of its grid [{f.a_grid.min():.3f}, {f.a_grid.max():.3f}]")
-    if f.cmid_at_edge:
-        reasons.append(f"C_mid = {f.C_mid:.4g} on the edge of its grid")
-    if f.b_at_bound:
-        reasons.append(f"B = {f.B:.3g} on a bound of its range: {'a step' if f.B > 1 else 'flat'}, not a sigmoid")
+    reasons += f.not_identified
     identified = not reasons
     err = fc.expected_error
     error_reason = err is not None and err > fc.margin

@@ -48,7 +48,7 @@ def plot_fits(
             ax.scatter(
                 f.heldout_compute, f.heldout_value, s=20, facecolors="none", edgecolors=color, label=f"{name}: held out"
             )
-        if f.a_at_edge or f.cmid_at_edge or f.b_at_bound:  # no identified optimum: its curve would be an artefact
+        if f.not_identified:  # no identified optimum: its curve would be an artefact
             ax.scatter([], [], s=10, color=color, label=f"{name}: no identifiable fit (grid edge or bound)")
             continue
         fc = forecasts.get(name) if forecasts else None

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.loo import extrapolation_check, fit_table, measured_at_budget, to_markdown
+from analysis.loo import extrapolation_check, fit_table, measured_at_budget, read_curves, to_markdown
 from scalefit.synthetic import synthetic_curve
 
 X = "compute/gpu_hours"
@@ -45,6 +45,25 @@ def test_loo_table_verdicts_follow_the_papers_rule():
     assert same.startswith("no measurable difference") and "refitted at shared A = 0.61" in same
     md = to_markdown(table)
     assert md.count("\n") == 2 + 3 and "| loss=worse |" in md
+
+
+def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
+    """`analysis fit --curves` fits a saved curves.csv as the campaign's store gave it (the baseline's
+    empty axis stays "", not NaN) and names what a file that is not one lacks."""
+    df = curves({"baseline": (2542, 1.92, 0.61), "loss=worse": (2542, 1.92, 0.52)})
+    df["axis"] = df["axis"].where(df["variant"] != "baseline", "")
+    df.insert(0, "run", df["variant"] + "/seed" + df["seed"].astype(str))
+    path = tmp_path / "curves.csv"
+    df.to_csv(path, index=False)
+    fit = {"x": X, "a_grid": "0.30:0.90:0.005"}
+    back = read_curves(path, fit)
+    assert back["axis"].tolist() == df["axis"].tolist()
+    table, _ = fit_table(back, fit, n_boot=100)
+    assert table.set_index("variant").loc["baseline", "axis"] == "—"
+    with pytest.raises(ValueError, match=r"missing column\(s\) 'compute/samples'"):
+        read_curves(path, {"x": "compute/samples"})
+    with pytest.raises(ValueError, match="no such file"):
+        read_curves(tmp_path / "nope.csv", fit)
 
 
 def test_unfittable_variant_is_reported_not_raised():

@@ -152,4 +152,8 @@ def test_a_step_fit_with_b_on_its_bound_is_flagged_and_decides_nothing():
     smooth = fit_sigmoid(cs, vs, a_grid=A_GRID)
     assert not smooth.b_at_bound and not smooth.warnings  # a real sigmoid is not flagged
     cmp = compare_fits(smooth, step, names=("base", "variant"))
-    assert cmp.verdict.startswith("cannot decide") and "on a bound of its range" in cmp.verdict
+    assert cmp.verdict.startswith("cannot decide") and "variant's B = 50 is on a bound of its range" in cmp.verdict
+    # with forecasts the verdict says why once, not again inside "not yet predictable (...)"
+    cmp = compare_fits(smooth, step, names=("base", "variant"), forecasts=(forecast(smooth, n_resamples=100), fc))
+    assert cmp.verdict.count("on a bound of its range") == 1, cmp.verdict
+    assert "variant is not yet predictable (too few points" in cmp.verdict
