@@ -1,4 +1,4 @@
 from analysis.cli import main
-from runners.cli import run_cli
+from scalefit.cli import run_cli
 
 raise SystemExit(run_cli(main))

@@ -1,3 +1,4 @@
-from runners.cli import main, run_cli
+from runners.cli import main
+from scalefit.cli import run_cli
 
 raise SystemExit(run_cli(main))

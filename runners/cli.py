@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from runners.ops.campaign import CampaignError
@@ -310,16 +309,3 @@ def main(argv: list[str] | None = None) -> int:
     except (RecipeError, CampaignError, FileNotFoundError, PostgresError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-
-
-def run_cli(entry: Callable[[], int]) -> int:
-    """A command line's exit code (``python -m runners``, ``python -m analysis``); when the reader
-    closes the pipe early (``| head``) it stops quietly with 141, as ``cat`` does, not with a
-    BrokenPipeError traceback."""
-    try:
-        code = entry()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        return 141
-    return code

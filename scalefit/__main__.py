@@ -1,3 +1,3 @@
-from scalefit.cli import main
+from scalefit.cli import main, run_cli
 
-raise SystemExit(main())
+raise SystemExit(run_cli(main))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -339,3 +341,16 @@ def main(argv: list[str] | None = None) -> int:
     except FitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def run_cli(entry: Callable[[], int]) -> int:
+    """A command line's exit code (``python -m scalefit``, ``runners``, ``analysis``); when the reader
+    closes the pipe early (``| head``) it stops quietly with 141, as ``cat`` does, not with a
+    BrokenPipeError traceback."""
+    try:
+        code = entry()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141
+    return code

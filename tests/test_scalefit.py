@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -363,3 +364,19 @@ def test_b_never_leaves_its_range_and_a_fit_on_its_bound_says_so():
             a_grid=np.arange(0.05, 1.0, 0.005),
         )
     assert B_BOUNDS[0] <= f.B <= B_BOUNDS[1] and f.b_at_bound
+
+
+def test_a_fit_whose_reader_stops_early_ends_quietly(tmp_path):
+    """`python -m scalefit fit … | head -1`: the reader closes the pipe; exit 141, no traceback."""
+    csv = tmp_path / "curves.csv"
+    table1_frame(c_max=16_000.0, n_points=41).query("run == 'ScaleRL'").to_csv(csv, index=False)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # a reader that already stopped: every write meets a closed pipe
+    r = subprocess.run(
+        [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "gpu_hours", "--y", "mean_at_16"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(write_end)
+    assert r.returncode == 141 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
