@@ -79,6 +79,19 @@ def read_curves(path: Path, fit: dict[str, Any] | None = None) -> pd.DataFrame:
             f"{path}: missing column(s) {', '.join(map(repr, missing))} (a curves.csv as `analysis fit` writes it has"
             f" {', '.join(['run', 'variant', 'axis', 'seed', 'step', *CURVE_METRICS])})"
         )
+    rep = curves[curves.duplicated(["run", "step"])]
+    if len(rep):
+        raise ValueError(
+            f"{path}: run {rep['run'].iloc[0]!r} has step {rep['step'].iloc[0]} more than once (a file joined twice?)"
+        )
+    runs = curves.groupby(["variant", "seed"])["run"].unique()
+    shared = runs[runs.map(len) > 1]
+    if len(shared):
+        (variant, seed), names = shared.index[0], shared.iloc[0]
+        raise ValueError(
+            f"{path}: runs {', '.join(map(str, names))} are all {variant!r} seed {seed}: pooled studies need"
+            " distinct seed numbers (the bootstrap resamples seeds as separate series)"
+        )
     text = [c for c in ("axis", "stopped") if c in curves]
     return curves.astype({c: object for c in text}).fillna({c: "" for c in text})
 

@@ -64,6 +64,13 @@ def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
         read_curves(path, {"x": "compute/samples"})
     with pytest.raises(ValueError, match="no such file"):
         read_curves(tmp_path / "nope.csv", fit)
+    pd.concat([df, df]).to_csv(tmp_path / "twice.csv", index=False)  # every point would count double
+    with pytest.raises(ValueError, match="'baseline/seed0' has step 0 more than once"):
+        read_curves(tmp_path / "twice.csv", fit)
+    other = df.assign(run=df["run"] + "-b")  # a second study's runs under the same seed numbers
+    pd.concat([df, other]).to_csv(tmp_path / "pooled.csv", index=False)
+    with pytest.raises(ValueError, match="need distinct seed numbers"):
+        read_curves(tmp_path / "pooled.csv", fit)
 
 
 def test_unfittable_variant_is_reported_not_raised():

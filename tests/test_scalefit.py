@@ -219,6 +219,13 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path):
     assert r.returncode == 2 and "[0, 1]" in r.stderr and "Traceback" not in r.stderr
     r = _run_cli("fit", str(tmp_path / "missing.csv"), "--x", "a", "--y", "b", check=False)
     assert r.returncode == 2 and "no such file" in r.stderr
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
+    one = pd.DataFrame({"hours": c, "pass": v})
+    pd.concat([one, one]).to_csv(csv, index=False)  # a file joined twice: every point would count double
+    r = _run_cli("fit", str(csv), "--x", "hours", "--y", "pass", check=False)
+    assert r.returncode == 2 and "appears more than once in one series" in r.stderr and "--seed-col" in r.stderr
+    pd.concat([one.assign(seed=0), one.assign(seed=1)]).to_csv(csv, index=False)  # two seeds, said so: fitted
+    assert _run_cli("fit", str(csv), "--x", "hours", "--y", "pass", "--seed-col", "seed", "--bootstrap", "0").stdout
 
 
 def test_cli_compare(tmp_path):
