@@ -39,7 +39,7 @@ DEFAULT_FIT = {
 
 def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
     """Every validation point of every run of a campaign (full metric history, not the last value)."""
-    client = MlflowClient(tracking_uri)
+    client = store.read_client(tracking_uri)
     exp_id = store.experiment_id(client, campaign)
     if exp_id is None:
         raise ValueError(f"no MLflow experiment named {campaign!r} at {client.tracking_uri}; run the campaign first")
@@ -512,7 +512,7 @@ def write_report(
     curves = load_curves(campaign, tracking_uri)
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, fit, title=campaign)
-    client = MlflowClient(tracking_uri)
+    client = store.read_client(tracking_uri)
     write_missing_reports(curves, client, out / "reports", log=log)
     (out / "runs.md").write_text(runs_markdown(curves, client))
     identical = set(table.loc[table["identical_to_baseline"], "variant"]) if "identical_to_baseline" in table else set()

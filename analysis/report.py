@@ -413,7 +413,7 @@ def write_run_report(
     log_to_run: bool = True,
 ) -> Path:
     """Write ``report.md`` + PNGs for a run and log them to it under ``report/``; returns the Markdown path."""
-    client = MlflowClient(tracking_uri)
+    client = store.read_client(tracking_uri)
     summary = summarize_run(client, resolve_run(client, ref, experiment))
     out = out or Path("artifacts/reports") / re.sub(r"[^A-Za-z0-9_.=-]+", "-", f"{summary.name}-{summary.run_id[:8]}")
     out.mkdir(parents=True, exist_ok=True)

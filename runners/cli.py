@@ -10,6 +10,7 @@ from pathlib import Path
 
 from runners.ops.campaign import CampaignError
 from runners.ops.postgres import PostgresError
+from runners.ops.store import StoreError
 from runners.recipe import RecipeError, load_recipe, parse_override
 
 
@@ -162,14 +163,10 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from runners.ops.store import default_tracking_uri
+    from runners.ops.store import default_tracking_uri, existing_store
     from runners.ops.transfer import import_store
 
-    src = args.source
-    if "://" not in src:  # a SQLite file
-        if not Path(src).is_file():
-            raise FileNotFoundError(f"import: {src}: no such MLflow store file")
-        src = f"sqlite:///{Path(src).resolve()}"
+    src = existing_store(args.source if "://" in args.source else f"sqlite:///{Path(args.source).resolve()}")
     root = Path(args.artifacts) if args.artifacts else None
     if root is not None and not root.is_dir():
         raise FileNotFoundError(f"import: --artifacts {root}: no such folder")
@@ -306,6 +303,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RecipeError, CampaignError, FileNotFoundError, PostgresError) as e:
+    except (RecipeError, CampaignError, FileNotFoundError, PostgresError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -164,15 +164,22 @@ def test_anomaly_detectors_find_what_was_planted_and_nothing_else():
     assert "56–60" in found["NaN/inf"]
 
 
-def test_report_cli_names_a_missing_run(tmp_path):
+def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run(
-        [sys.executable, "-m", "analysis", "report", "nosuch/seed0", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
-        capture_output=True,
-        text=True,
-    )
+    from mlflow.tracking import MlflowClient
+
+    def report(uri: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "analysis", "report", "nosuch/seed0", "--tracking-uri", uri]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    # a mistyped store path: said so, and no empty store is left there (MLflow would create one)
+    res = report(f"sqlite:///{tmp_path}/typo.db")
+    assert res.returncode == 2 and f"no MLflow store at {tmp_path}/typo.db" in res.stderr
+    assert not (tmp_path / "typo.db").exists()
+    MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()  # an MLflow store without that run
+    res = report(f"sqlite:///{tmp_path}/m.db")
     assert res.returncode == 2 and "no run with id or name 'nosuch/seed0'" in res.stderr
 
 

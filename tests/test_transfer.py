@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -90,7 +91,19 @@ def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path):
 
 
 def test_import_cli_errors_before_touching_anything(tmp_path):
-    res = subprocess.run(
-        [sys.executable, "-m", "runners", "import", str(tmp_path / "missing.db")], capture_output=True, text=True
-    )
-    assert res.returncode == 2 and "no such MLflow store file" in res.stderr
+    def run_import(source: Path) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "runners", "import", str(source), "--tracking-uri", f"sqlite:///{tmp_path}/d.db"]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    res = run_import(tmp_path / "missing.db")
+    assert res.returncode == 2 and "no MLflow store at" in res.stderr and "(no such file)" in res.stderr
+    (tmp_path / "notes.db").write_text("not a database\n")
+    res = run_import(tmp_path / "notes.db")
+    assert res.returncode == 2 and "not an SQLite database" in res.stderr and "Traceback" not in res.stderr
+    with sqlite3.connect(tmp_path / "other.db") as db:  # another program's database: MLflow would migrate it
+        db.execute("CREATE TABLE t (x)")
+    res = run_import(tmp_path / "other.db")
+    assert res.returncode == 2 and "without MLflow's tables" in res.stderr
+    with sqlite3.connect(tmp_path / "other.db") as db:
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["t"]  # left as it was
+    assert not (tmp_path / "d.db").exists()

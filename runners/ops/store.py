@@ -9,6 +9,7 @@ Runners write through these names and analysis reads through them; no other modu
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +51,37 @@ PASS_AT_16 = "val/pass_at_16"
 def default_tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a SQLite file in the working directory (MLflow's default backend)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_STORE).resolve()}"
+
+
+class StoreError(ValueError):
+    """A tracking URI to read from that names no MLflow store."""
+
+
+def existing_store(uri: str) -> str:
+    """``uri`` unchanged when there is a store to read: a ``sqlite:///`` path must be an SQLite file
+    holding MLflow's tables. MLflow itself would create an empty store at a mistyped path (and
+    report no runs), or migrate any other SQLite file into one."""
+    if not uri.startswith("sqlite:///"):
+        return uri  # a server or database: its own errors name it
+    path = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    if not path.is_file():
+        raise StoreError(
+            f"no MLflow store at {path} (no such file): run a campaign first (make ablation), or name the store"
+            " with --tracking-uri or MLFLOW_TRACKING_URI"
+        )
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"{path} is not an MLflow store: not an SQLite database ({e})") from None
+    if not {"experiments", "runs", "metrics"} <= tables:
+        raise StoreError(f"{path} is not an MLflow store: an SQLite database without MLflow's tables")
+    return uri
+
+
+def read_client(tracking_uri: str | None = None) -> MlflowClient:
+    """A client on a store that exists (``tracking_uri``, else the default), to read runs from."""
+    return MlflowClient(existing_store(tracking_uri or default_tracking_uri()))
 
 
 def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> str | None:
