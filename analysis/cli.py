@@ -65,8 +65,15 @@ def main(argv: list[str] | None = None) -> int:
             table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
             print(to_markdown(table))
             print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
-            return 0
-        write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
+        else:
+            table = write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
+        unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
+        if unfinished:
+            print(
+                f"warning: {unfinished} run(s) have not finished (still running, or failed): their variants are"
+                " fitted on the curves so far, marked 'unfinished' in the table",
+                file=sys.stderr,
+            )
     except (CampaignError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

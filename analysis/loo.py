@@ -160,6 +160,7 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             "seeds": g["seed"].nunique(),
             "points": len(g),
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
+            "unfinished": _unfinished(g),
         }
         stops = sorted(set(g["stopped"].fillna(""))) if "stopped" in g else []
         if any(stops):  # an adaptive campaign stopped it: its final value is the decision's prediction
@@ -287,6 +288,17 @@ def measured_at_budget(
     return pd.DataFrame(rows)
 
 
+def _unfinished(g: pd.DataFrame) -> int:
+    """How many of a variant's runs neither finished nor were stopped by a decision (still running,
+    or failed): their curves end where they stopped logging."""
+    if "done" not in g:
+        return 0
+    ended = g["done"].astype(bool)
+    if "stopped" in g:
+        ended |= g["stopped"].fillna("") != ""
+    return int(g.loc[~ended, "run"].nunique()) if "run" in g else int(g.loc[~ended, "seed"].nunique())
+
+
 def _spliced(g: pd.DataFrame, x: str) -> str | None:
     """Why a variant's curves cannot be fitted because a seed's compute falls as its step rises
     (two runs spliced into one history), or None."""
@@ -383,9 +395,12 @@ def to_markdown(table: pd.DataFrame) -> str:
         stopped = r.get("stopped")
         if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations
             verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
+        final = fmt(r["final_mean_at_16"], ".3f")
+        if r.get("unfinished", 0) > 0:  # a partial curve: its last value is not the run's final one
+            final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
         lines.append(
             f"| {r['variant']} | {a} | {b} | {fmt(r.get('C_mid'), '.3g')} | "
-            f"{fmt(r['final_mean_at_16'], '.3f')} | {pred} | {verdict} | {_text(r.get('measured'))} | "
+            f"{final} | {pred} | {verdict} | {_text(r.get('measured'))} | "
             f"{_text(r.get('half_measured'))} |"
         )
     return "\n".join(lines) + "\n"

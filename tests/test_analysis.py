@@ -73,6 +73,31 @@ def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
         read_curves(tmp_path / "pooled.csv", fit)
 
 
+def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(tmp_path):
+    """`make fit` while a campaign runs (or after a run failed): the variant is fitted on the curves
+    so far, and the table and the command say which have not finished, instead of passing a partial
+    curve's last value off as its final one."""
+    import subprocess
+    import sys
+
+    df = curves({"baseline": (2542, 1.92, 0.61), "loss=dapo": (2542, 1.92, 0.61)})
+    df.insert(0, "run", df["variant"] + "/seed" + df["seed"].astype(str))
+    cut = (df["run"] == "loss=dapo/seed1") & (df["step"] > 40)  # half-way through when read
+    df = df[~cut].assign(done=lambda d: d["run"] != "loss=dapo/seed1", stopped="")
+    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    t = table.set_index("variant")
+    assert t.loc["loss=dapo", "unfinished"] == 1 and t.loc["baseline", "unfinished"] == 0
+    assert "(1 of 2 runs unfinished)" in to_markdown(table).split("| loss=dapo |")[1].split("\n")[0]
+
+    path = tmp_path / "curves.csv"
+    df.rename(columns={X: "compute/samples"}).to_csv(path, index=False)  # loo-cpu fits on compute/samples
+    cmd = [sys.executable, "-m", "analysis", "fit", "loo-cpu", "--curves", str(path), "--out", str(tmp_path / "fit")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "warning: 1 run(s) have not finished" in res.stderr
+    assert "(1 of 2 runs unfinished)" in (tmp_path / "fit" / "loo_table.md").read_text()
+
+
 def test_unfittable_variant_is_reported_not_raised():
     df = curves({"baseline": (2542, 1.92, 0.61)})
     flat = df.copy()
