@@ -7,7 +7,44 @@ import sys
 from pathlib import Path
 
 
-def main(argv: list[str] | None = None) -> int:
+def cmd_fit(args: argparse.Namespace) -> int:
+    from analysis.loo import read_curves, to_markdown, write_fit, write_report
+    from runners.ops.campaign import load_campaign
+    from runners.ops.store import default_tracking_uri
+
+    camp = load_campaign(args.campaign)
+    out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
+    if args.curves:
+        table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
+        print(to_markdown(table))
+        print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
+    else:
+        table = write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
+    unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
+    if unfinished:
+        print(
+            f"warning: {unfinished} run(s) have not finished (still running, or failed): their variants are"
+            " fitted on the curves so far, marked 'unfinished' in the table",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from analysis.report import write_run_report
+    from runners.ops.store import default_tracking_uri
+
+    path = write_run_report(
+        args.run,
+        Path(args.out) if args.out else None,
+        tracking_uri=args.tracking_uri or default_tracking_uri(),
+        experiment=args.experiment,
+    )
+    print(f"report → {path} (also logged to the run under report/)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analysis", description="Turn campaigns into tables and plots.")
     sub = p.add_subparsers(dest="command", required=True)
     f = sub.add_parser(
@@ -25,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         help="fit a published curves.csv (e.g. results/loo-gpu/curves.csv) instead of reading MLflow",
     )
     f.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    f.set_defaults(func=cmd_fit)
     r = sub.add_parser(
         "report",
         help="write a run's Markdown report with plots and anomalies, and log it to the run",
@@ -36,45 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--experiment", help="look the name up in this experiment (campaign) only")
     r.add_argument("--out", help="output folder (default artifacts/reports/NAME-ID)")
     r.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
-    args = p.parse_args(argv)
-    if args.command == "report":
-        from analysis.report import write_run_report
-        from runners.ops.store import default_tracking_uri
+    r.set_defaults(func=cmd_report)
+    return p
 
-        try:
-            path = write_run_report(
-                args.run,
-                Path(args.out) if args.out else None,
-                tracking_uri=args.tracking_uri or default_tracking_uri(),
-                experiment=args.experiment,
-            )
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        print(f"report → {path} (also logged to the run under report/)")
-        return 0
 
-    from analysis.loo import read_curves, to_markdown, write_fit, write_report
-    from runners.ops.campaign import CampaignError, load_campaign
-    from runners.ops.store import default_tracking_uri
-
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        camp = load_campaign(args.campaign)
-        out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
-        if args.curves:
-            table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
-            print(to_markdown(table))
-            print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
-        else:
-            table = write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
-        unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
-        if unfinished:
-            print(
-                f"warning: {unfinished} run(s) have not finished (still running, or failed): their variants are"
-                " fitted on the curves so far, marked 'unfinished' in the table",
-                file=sys.stderr,
-            )
-    except (CampaignError, ValueError) as e:
+        return args.func(args)
+    except ValueError as e:  # CampaignError and StoreError are ValueErrors: each message names the fix
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
