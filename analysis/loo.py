@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from pathlib import Path
 from typing import Any
@@ -13,28 +12,14 @@ from mlflow.tracking import MlflowClient
 
 from analysis import evidence
 from runners.ops import store
+from runners.ops.campaign import fit_settings
 from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
 
-CURVE_METRICS = (
-    MEAN_AT_16,
-    PASS_AT_16,
-    "compute/gpu_hours",
-    "compute/samples",
-    "compute/tokens",
-    "compute/flops",
-)
+CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *store.COMPUTE_METRICS)
 WALL_CLOCK = "compute/gpu_hours"
-DEFAULT_FIT = {
-    "x": "compute/samples",
-    "exclude_below": None,
-    "a_grid": "0.05:1.0:0.005",
-    "margin": 0.02,
-    "level": 0.9,
-    "eval_prompts": None,
-}
 
 
 def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
@@ -105,16 +90,9 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
 
 
 def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
-    """The campaign's fit settings over the defaults, and its A grid (None: scalefit's default)."""
-    unknown = sorted(set(fit or {}) - set(DEFAULT_FIT))
-    if unknown:
-        near = difflib.get_close_matches(unknown[0], DEFAULT_FIT, n=1)
-        hint = f"; did you mean 'fit.{near[0]}'?" if near else f"; known keys: {', '.join(DEFAULT_FIT)}"
-        raise ValueError(f"unknown key 'fit.{unknown[0]}' in the campaign's fit section{hint}")
-    cfg = {**DEFAULT_FIT, **(fit or {})}
-    if not 0.0 < float(cfg["level"]) < 1.0:
-        raise ValueError(f"fit.level must lie in (0, 1), e.g. 0.9; got {cfg['level']}")
-    a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step") if isinstance(cfg["a_grid"], str) else None
+    """The campaign's fit settings over the defaults (checked as the campaign file's are), and its A grid."""
+    cfg = fit_settings(fit)
+    a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step")
     if cfg["x"] == WALL_CLOCK:
         warnings.warn(
             f"fit.x = {WALL_CLOCK} is wall-clock time: on a shared or loaded machine it measures the load as well "

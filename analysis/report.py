@@ -214,13 +214,10 @@ def find_anomalies(h: dict[str, pd.Series], n_val_prompts: int = 0) -> list[Find
     if MEAN_AT_16 in h:
         found += validation_regressions(h[MEAN_AT_16], n_val_prompts)
     found += nonfinite(h)
-    for key in COMPUTE_KEYS:
+    for key in store.COMPUTE_METRICS:
         if key in h:
             found += compute_backwards(h[key], key)
     return found
-
-
-COMPUTE_KEYS = ("compute/gpu_hours", "compute/samples", "compute/tokens", "compute/flops")
 
 
 def compute_backwards(compute: pd.Series, key: str) -> list[Finding]:

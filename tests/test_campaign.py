@@ -741,6 +741,11 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
             "name: x\nbaseline: scalerl\naxes: {loss: {key: algorithm.loss, values: [dapo, gspo, dapo]}}\n",
             "axis 'loss' values lists 'dapo' twice",
         ),
+        # the fit section is checked before any run starts, not when the fit reads it at the end
+        ("name: x\nbaseline: scalerl\nfit: {x: compute/flop}\n", "fit.x = 'compute/flop': not a compute axis"),
+        ("name: x\nbaseline: scalerl\nfit: {a_grid: '0.9:0.1:0.01'}\n", r"fit.a_grid: need 0 < LO < HI"),
+        ("name: x\nbaseline: scalerl\nfit: {a_grid: [0.5, 0.9]}\n", "fit.a_grid = .*expected a string LO:HI:STEP"),
+        ("name: x\nbaseline: scalerl\nfit: {margn: 0.05}\n", "unknown key 'fit.margn'.*did you mean 'fit.margin'"),
     ],
 )
 def test_bad_campaign_files_get_one_clear_line(tmp_path, text, msg):

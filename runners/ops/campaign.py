@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runners.ops.store import COMPUTE_METRICS
 from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
+from scalefit.errors import FitError
+from scalefit.grids import parse_grid
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
@@ -31,6 +34,50 @@ class CampaignError(ValueError):
 
 STOP_FILE = "STOP"  # in a run's folder: the run ends at its next step, at a checkpoint (runners.ops.adaptive)
 X = "compute/samples"  # adaptive decisions compare budgets in completions generated, whatever the machine load
+
+# A campaign's ``fit:`` section: how analysis fits and judges its curves.
+FIT_DEFAULTS: dict[str, Any] = {
+    "x": X,  # the compute axis: one of store.COMPUTE_METRICS
+    "exclude_below": None,  # fit only points at or above this compute
+    "a_grid": "0.05:1.0:0.005",  # LO:HI:STEP of the grid over the asymptote A
+    "margin": 0.02,  # the paper's margin on A, and a prediction's target accuracy
+    "level": 0.9,  # coverage of intervals and bands
+    "eval_prompts": None,  # prompts per evaluation: floors the noise estimate at mean@16's binomial variance
+}
+
+
+def fit_settings(fit: dict[str, Any] | None) -> dict[str, Any]:
+    """A campaign's ``fit:`` section over ``FIT_DEFAULTS``, checked when the campaign is loaded (before
+    any run starts, not when the fit finally reads it): one line naming the key and the fix."""
+    fit = fit or {}
+    unknown = sorted(set(fit) - set(FIT_DEFAULTS))
+    if unknown:
+        near = difflib.get_close_matches(str(unknown[0]), FIT_DEFAULTS, n=1)
+        hint = f"; did you mean 'fit.{near[0]}'?" if near else f"; known keys: {', '.join(FIT_DEFAULTS)}"
+        raise CampaignError(f"unknown key 'fit.{unknown[0]}' in the campaign's fit section{hint}")
+    cfg = {**FIT_DEFAULTS, **fit}
+
+    def number(key: str) -> bool:
+        return isinstance(cfg[key], int | float) and not isinstance(cfg[key], bool)
+
+    if cfg["x"] not in COMPUTE_METRICS:
+        raise CampaignError(f"fit.x = {cfg['x']!r}: not a compute axis runs log; one of {', '.join(COMPUTE_METRICS)}")
+    if not isinstance(cfg["a_grid"], str):
+        raise CampaignError(f"fit.a_grid = {cfg['a_grid']!r}: expected a string LO:HI:STEP, e.g. '0.05:1.0:0.005'")
+    try:
+        parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step")
+    except FitError as e:
+        raise CampaignError(str(e)) from None
+    if not number("level") or not 0 < cfg["level"] < 1:
+        raise CampaignError(f"fit.level = {cfg['level']!r}: expected a coverage in (0, 1), e.g. 0.9")
+    if not number("margin") or not 0 <= cfg["margin"] < 1:
+        raise CampaignError(f"fit.margin = {cfg['margin']!r}: expected a difference in pass rate in [0, 1), e.g. 0.02")
+    v = cfg["eval_prompts"]
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise CampaignError(f"fit.eval_prompts = {v!r}: expected a whole number of prompts >= 1, e.g. 64")
+    if cfg["exclude_below"] is not None and (not number("exclude_below") or cfg["exclude_below"] < 0):
+        raise CampaignError(f"fit.exclude_below = {cfg['exclude_below']!r}: expected a compute >= 0")
+    return cfg
 
 
 @dataclass
@@ -148,11 +195,12 @@ def load_campaign(ref: str | Path) -> Campaign:
         if not isinstance(over, dict) or not over:
             raise CampaignError(f"{p}: control {name!r} needs {{dotted.recipe.key: value, ...}}, got {over!r}")
     adaptive = data.pop("adaptive", None)
-    if adaptive is not None:
-        try:
+    try:
+        fit_settings(data.get("fit"))
+        if adaptive is not None:
             adaptive = Adaptive.parse(adaptive, data.get("fit") or {})
-        except CampaignError as e:
-            raise CampaignError(f"{p}: {e}") from None
+    except CampaignError as e:
+        raise CampaignError(f"{p}: {e}") from None
     camp = Campaign(path=p, axes=axes, controls=controls, adaptive=adaptive, **data)
     if camp.kind not in ("loo", "forward"):
         raise CampaignError(f"{p}: kind = {camp.kind!r}; choose loo or forward")

@@ -46,6 +46,9 @@ KIND = "prl.kind"  # "campaign"
 # Metrics every run logs at step 0 and every eval.every steps.
 MEAN_AT_16 = "val/mean_at_16"
 PASS_AT_16 = "val/pass_at_16"
+# The compute axes logged beside them (a fit's x): device-hours (wall-clock × devices),
+# completions generated, tokens processed, and FLOPs estimated from them.
+COMPUTE_METRICS = ("compute/gpu_hours", "compute/samples", "compute/tokens", "compute/flops")
 
 
 def default_tracking_uri() -> str:
