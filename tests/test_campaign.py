@@ -689,6 +689,27 @@ def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(st
     assert list((tmp_path / "artifacts").glob("campaigns/start-over/*/abandoned-*/metrics.jsonl"))
 
 
+def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest(tmp_path):
+    """A kill inside start_over, after the new MLflow run exists and before the old one loses its
+    identity, leaves two runs with one identity: the campaign and the fit take the finished one,
+    else the newest — never an empty leftover over a finished run, and never an arbitrary one."""
+    from runners.ops import store as st
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("twins")
+
+    def run(start: int, done: bool) -> str:
+        tags = {st.RUN_ID: "k"} | ({st.DONE: "1"} if done else {})
+        return client.create_run(exp, start_time=start, tags=tags).info.run_id
+
+    run(1_000, done=False)  # the run that was being started over
+    finished = run(2_000, done=True)
+    leftover = run(3_000, done=False)  # what a later kill left: newest, empty
+    assert st.identified_runs(client, exp)["k"].info.run_id == finished
+    client.delete_tag(finished, st.DONE)
+    assert st.identified_runs(client, exp)["k"].info.run_id == leftover
+
+
 def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
     """Fault injection: a real campaign killed (SIGKILL, whole tree) at random instants, around
     checkpoint saves included, then re-run until done. The finished run must look like an

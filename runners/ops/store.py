@@ -100,9 +100,18 @@ def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> s
 
 
 def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:
-    """The runs of an experiment that carry an identity, by identity."""
-    runs = client.search_runs([exp_id], filter_string=f"tags.`{RUN_ID}` != ''", max_results=50000)
-    return {r.data.tags[RUN_ID]: r for r in runs}
+    """The runs of an experiment that carry an identity, by identity. Two runs with one identity (a
+    kill inside ``tracking.start_over``, after the new run exists and before the old one is
+    untagged) resolve to the finished one, else the newest: never to an arbitrary one."""
+    runs = client.search_runs(
+        [exp_id], filter_string=f"tags.`{RUN_ID}` != ''", max_results=50000, order_by=["attributes.start_time ASC"]
+    )
+    found: dict[str, Run] = {}
+    for r in runs:  # oldest first: a later run replaces an earlier one unless only the earlier finished
+        key = r.data.tags[RUN_ID]
+        if key not in found or is_done(r) or not is_done(found[key]):
+            found[key] = r
+    return found
 
 
 def parent_run(client: MlflowClient, exp_id: str) -> Run | None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 
 from runners.ops import store
@@ -189,8 +190,6 @@ class MlflowSink:
                 time.sleep(delay)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
         is_val = store.MEAN_AT_16 in metrics
         if (is_val and step in self.val_steps) or (not is_val and step <= self.last_train_step):
             return
@@ -212,8 +211,12 @@ def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, lo
     old = client.get_run(run_id)
     keep = {k: v for k, v in old.data.tags.items() if not k.startswith("mlflow.") or k in ("mlflow.parentRunId",)}
     new = client.create_run(old.info.experiment_id, run_name=old.info.run_name, tags=keep)
-    for k, v in old.data.params.items():
-        client.log_param(new.info.run_id, k, v)
+    # the identity moves at once: a kill from here on leaves one run with it (the new one); a kill
+    # before this line leaves two, which store.identified_runs resolves to the newest
+    client.delete_tag(run_id, store.RUN_ID)
+    params = [Param(k, v) for k, v in old.data.params.items()]
+    for i in range(0, len(params), 100):  # MLflow's limit per batch
+        client.log_batch(new.info.run_id, params=params[i : i + 100])
     aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
     for name in ("metrics.jsonl", "samples.jsonl", "checkpoints", "best", "done.json"):
@@ -221,7 +224,6 @@ def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, lo
             (run_dir / name).rename(aside / name)
     client.set_tag(run_id, store.ABANDONED_FOR, new.info.run_id)
     client.set_tag(run_id, store.ABANDONED_REASON, reason[:4000])
-    client.delete_tag(run_id, store.RUN_ID)
     client.set_terminated(run_id, "FAILED")
     log(f"{reason}: starting it over as MLflow run {new.info.run_id}; the old files are in {aside}")
     return new.info.run_id
