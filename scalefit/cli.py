@@ -47,14 +47,14 @@ def read_curves(path: str, x: str, y: str, run_col: str, seed_col: str | None = 
             )
         df[col] = num
     groups = {str(k): g for k, g in df.groupby(run_col, sort=False)} if run_col in df.columns else {p.stem: df}
-    for name, g in groups.items():  # one evaluation per compute value in a series: a repeat is a file joined twice
-        rep = g[g.duplicated([seed_col, x] if seed_col else [x])]
-        if len(rep):
-            seeds = "" if seed_col else "; rows from several seeds need --seed-col"
-            raise FitError(
-                f"{path}: {name}: {x} = {rep[x].iloc[0]:.6g} appears more than once in one series (row"
-                f" {int(rep.index[0]) + 2}){seeds}; a curve has one evaluation per compute value"
-            )
+    for name, g in groups.items():  # each x of a series repeated: seeds pooled unnamed, or a file joined twice
+        for _, series in g.groupby(seed_col) if seed_col else [(None, g)]:
+            if len(series) > 1 and series[x].duplicated(keep=False).all():
+                seeds = "" if seed_col else "several seeds under one run name (pass --seed-col) or "
+                raise FitError(
+                    f"{path}: {name}: every {x} value appears more than once in one series ({len(series)} rows,"
+                    f" {series[x].nunique()} distinct): {seeds}a file joined twice; a curve has one row per evaluation"
+                )
     return {
         k: (g[x].to_numpy(float), g[y].to_numpy(float), g[seed_col].to_numpy() if seed_col else None)
         for k, g in groups.items()

@@ -226,6 +226,10 @@ def test_cli_errors_are_messages_not_tracebacks(tmp_path):
     assert r.returncode == 2 and "appears more than once in one series" in r.stderr and "--seed-col" in r.stderr
     pd.concat([one.assign(seed=0), one.assign(seed=1)]).to_csv(csv, index=False)  # two seeds, said so: fitted
     assert _run_cli("fit", str(csv), "--x", "hours", "--y", "pass", "--seed-col", "seed", "--bootstrap", "0").stdout
+    # PPO-off-policy-k generates a batch every k steps: evaluations between two batches share a compute
+    ppo = one.assign(hours=np.where(np.arange(len(one)) % 3 == 1, one["hours"].shift(1), one["hours"]))
+    ppo.to_csv(csv, index=False)
+    assert _run_cli("fit", str(csv), "--x", "hours", "--y", "pass", "--bootstrap", "0").returncode == 0
 
 
 def test_cli_compare(tmp_path):
