@@ -9,7 +9,7 @@ from pathlib import Path
 
 def cmd_fit(args: argparse.Namespace) -> int:
     from analysis.loo import read_curves, to_markdown, write_fit, write_report
-    from runners.ops.campaign import load_campaign
+    from runners.ops.campaign import expand, load_campaign
     from runners.ops.store import default_tracking_uri
 
     camp = load_campaign(args.campaign)
@@ -19,7 +19,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         print(to_markdown(table))
         print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
     else:
-        table = write_report(camp.name, out, camp.fit, tracking_uri=args.tracking_uri or default_tracking_uri())
+        uri = args.tracking_uri or default_tracking_uri()
+        table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
     unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
     if unfinished:
         print(

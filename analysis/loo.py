@@ -22,14 +22,31 @@ CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *store.COMPUTE_METRICS)
 WALL_CLOCK = "compute/gpu_hours"
 
 
-def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
-    """Every validation point of every run of a campaign (full metric history, not the last value)."""
+def load_curves(
+    campaign: str, tracking_uri: str | None = None, current: set[str] | None = None, log=print
+) -> pd.DataFrame:
+    """Every validation point of every run of a campaign (full metric history, not the last value).
+
+    ``current``: the run identities the campaign file expands to now. When the store holds some of
+    them, runs of other versions of the campaign (an edited recipe, budget or seeds; other code)
+    are left out and counted, never pooled with these; a store with none of them (a study
+    recorded by older code) is read whole.
+    """
     client = store.read_client(tracking_uri)
     exp_id = store.experiment_id(client, campaign)
     if exp_id is None:
         raise ValueError(f"no MLflow experiment named {campaign!r} at {client.tracking_uri}; run the campaign first")
+    runs = store.identified_runs(client, exp_id)
+    if current and current & set(runs):
+        others = sorted(set(runs) - current)
+        if others:
+            log(
+                f"{len(others)} run(s) of another version of campaign {campaign} (another recipe, budget, seeds or"
+                " code) left out of the fit; they stay in MLflow"
+            )
+        runs = {k: r for k, r in runs.items() if k in current}
     frames = []
-    for run in store.identified_runs(client, exp_id).values():
+    for run in runs.values():
         cols = {key: store.history(client, run.info.run_id, key) for key in CURVE_METRICS}
         df = pd.DataFrame(cols).rename_axis("step").reset_index()
         if df["compute/samples"].isna().all():  # runs logged before compute/samples existed
@@ -48,7 +65,24 @@ def load_curves(campaign: str, tracking_uri: str | None = None) -> pd.DataFrame:
     if not frames:
         raise ValueError(f"campaign {campaign!r} has no validation curves yet")
     cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done", "stopped"]
-    return pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
+    curves = pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
+    _one_run_per_seed(curves, f"campaign {campaign!r} at {client.tracking_uri}", "run_id")
+    return curves
+
+
+def _one_run_per_seed(curves: pd.DataFrame, source: str, run_col: str = "run") -> None:
+    """Refuse curves where two runs share a variant and seed number: pooled, the bootstrap would
+    resample them as one series (two studies joined, or two versions of one campaign)."""
+    runs = curves.groupby(["variant", "seed"])[run_col].unique()
+    shared = runs[runs.map(len) > 1]
+    if len(shared):
+        (variant, seed), ids = shared.index[0], shared.iloc[0]
+        names = curves.loc[curves[run_col].isin(ids), "run"].unique()
+        raise ValueError(
+            f"{source}: {len(ids)} runs ({', '.join(map(str, names))}) are all {variant!r} seed {seed}: runs of"
+            " different studies or campaign versions need distinct seed numbers, or fit one version (the"
+            " campaign file as it is now picks its own runs)"
+        )
 
 
 def read_curves(path: Path, fit: dict[str, Any] | None = None) -> pd.DataFrame:
@@ -64,19 +98,13 @@ def read_curves(path: Path, fit: dict[str, Any] | None = None) -> pd.DataFrame:
             f"{path}: missing column(s) {', '.join(map(repr, missing))} (a curves.csv as `analysis fit` writes it has"
             f" {', '.join(['run', 'variant', 'axis', 'seed', 'step', *CURVE_METRICS])})"
         )
-    rep = curves[curves.duplicated(["run", "step"])]
+    run_col = "run_id" if "run_id" in curves else "run"  # names repeat across versions of a campaign; ids do not
+    rep = curves[curves.duplicated([run_col, "step"])]
     if len(rep):
         raise ValueError(
             f"{path}: run {rep['run'].iloc[0]!r} has step {rep['step'].iloc[0]} more than once (a file joined twice?)"
         )
-    runs = curves.groupby(["variant", "seed"])["run"].unique()
-    shared = runs[runs.map(len) > 1]
-    if len(shared):
-        (variant, seed), names = shared.index[0], shared.iloc[0]
-        raise ValueError(
-            f"{path}: runs {', '.join(map(str, names))} are all {variant!r} seed {seed}: pooled studies need"
-            " distinct seed numbers (the bootstrap resamples seeds as separate series)"
-        )
+    _one_run_per_seed(curves, str(path), run_col)
     text = [c for c in ("axis", "stopped") if c in curves]
     return curves.astype({c: object for c in text}).fillna({c: "" for c in text})
 
@@ -498,11 +526,12 @@ def write_report(
     tracking_uri: str | None = None,
     parent_run_id: str | None = None,
     log=print,
+    current: set[str] | None = None,
 ) -> pd.DataFrame:
     """Curves CSV, LOO table (CSV + Markdown), plot, extrapolation check and runs list from MLflow;
-    logged to the campaign's parent run."""
+    logged to the campaign's parent run. ``current``: as ``load_curves``."""
     out.mkdir(parents=True, exist_ok=True)
-    curves = load_curves(campaign, tracking_uri)
+    curves = load_curves(campaign, tracking_uri, current, log=log)
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, fit, title=campaign)
     client = store.read_client(tracking_uri)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.loo import extrapolation_check, fit_table, measured_at_budget, read_curves, to_markdown
+from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
 from scalefit.synthetic import synthetic_curve
 
 X = "compute/gpu_hours"
@@ -96,6 +96,36 @@ def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(t
     assert res.returncode == 0, res.stderr
     assert "warning: 1 run(s) have not finished" in res.stderr
     assert "(1 of 2 runs unfinished)" in (tmp_path / "fit" / "loo_table.md").read_text()
+
+
+def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
+    """An edited campaign re-run into the same experiment leaves the old version's runs beside the
+    new ones, under the same variant and seed: the fit takes the runs the campaign file names now
+    and counts the others out; with neither version named, it refuses instead of pooling them."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from runners.ops import store
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("edited")
+    for key, start, steps in (("v1", 1_000, 30), ("v2", 2_000, 40)):  # the budget was raised from 30 to 40 steps
+        tags = {store.RUN_ID: key, store.VARIANT: "baseline", store.AXIS: "", store.SEED: "0", store.DONE: "1"}
+        rid = client.create_run(exp, start_time=start, tags=tags, run_name="baseline/seed0").info.run_id
+        points = [(s, 0.4 + s / 200) for s in range(0, steps + 1, 10)]
+        client.log_batch(
+            rid,
+            metrics=[Metric(store.MEAN_AT_16, v, 0, s) for s, v in points]
+            + [Metric("compute/samples", 128.0 * s, 0, s) for s, _ in points],
+        )
+    said: list[str] = []
+    curves = load_curves("edited", uri, current={"v2"}, log=said.append)
+    assert curves["step"].max() == 40 and curves["run_id"].nunique() == 1
+    assert said and said[0].startswith("1 run(s) of another version of campaign edited")
+    for current in (None, {"v3"}):  # nothing names a version (a notebook), or a store of older code
+        with pytest.raises(ValueError, match="2 runs .* are all 'baseline' seed 0"):
+            load_curves("edited", uri, current=current, log=said.append)
 
 
 def test_unfittable_variant_is_reported_not_raised():
