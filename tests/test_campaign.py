@@ -16,8 +16,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pandas as pd
 import psutil
 import pytest
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign import CampaignError, expand, load_campaign
@@ -179,6 +181,18 @@ def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
     assert runs_md.count("/report/report.md`") == 3
     again = run_campaign(path, log=lambda m: None)
     assert again["ran"] == 0
+
+    # a run an earlier version of this campaign left (another identity, same variant and seed):
+    # `analysis fit` of the campaign file fits this version's runs and counts that one out
+    old = client.create_run(exp.experiment_id, tags={**children[0].data.tags, "prl.run_id": "earlier-version"})
+    client.log_batch(old.info.run_id, metrics=[Metric("val/mean_at_16", 0.9, 0, 0), Metric("compute/samples", 0, 0, 0)])
+    old_variant = children[0].data.tags["prl.variant"]
+    cmd = [sys.executable, "-m", "analysis", "fit", str(path), "--out", str(tmp_path / "cli-fit")]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "1 run(s) of another version of campaign tiny-loo" in res.stdout
+    table = pd.read_csv(tmp_path / "cli-fit" / "loo_table.csv").set_index("variant")
+    assert table.loc[old_variant, "points"] == 3  # steps 0, 2, 4 of this version's run, not the earlier one's
 
 
 def summary_fit_written(root: Path) -> bool:
