@@ -38,7 +38,7 @@ def load_curves(
         raise ValueError(f"no MLflow experiment named {campaign!r} at {client.tracking_uri}; run the campaign first")
     runs = store.identified_runs(client, exp_id)
     if current and current & set(runs):
-        others = sorted(set(runs) - current)
+        others = set(runs) - current
         if others:
             log(
                 f"{len(others)} run(s) of another version of campaign {campaign} (another recipe, budget, seeds or"
@@ -88,7 +88,7 @@ def _one_run_per_seed(curves: pd.DataFrame, source: str, run_col: str = "run") -
 def read_curves(path: Path, fit: dict[str, Any] | None = None) -> pd.DataFrame:
     """A published ``curves.csv`` (what ``load_curves`` returned, saved), checked for the columns the
     campaign's ``fit`` needs; empty text cells read back as "" as they were written, not NaN."""
-    x = _fit_config(fit)[0]["x"]
+    x = fit_settings(fit)["x"]
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     curves = pd.read_csv(path)
@@ -302,7 +302,7 @@ def _unfinished(g: pd.DataFrame) -> int:
     ended = g["done"].astype(bool)
     if "stopped" in g:
         ended |= g["stopped"].fillna("") != ""
-    return int(g.loc[~ended, "run"].nunique()) if "run" in g else int(g.loc[~ended, "seed"].nunique())
+    return int(g.loc[~ended, "seed"].nunique())  # one run per seed (``_one_run_per_seed``)
 
 
 def _spliced(g: pd.DataFrame, x: str) -> str | None:

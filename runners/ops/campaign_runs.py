@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import Param, Run
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from runners.ops import store
@@ -161,9 +161,7 @@ def new_run(client: MlflowClient, exp_id: str, recipe: Recipe, *, name: str, run
         store.VERSIONS: _versions(),
     }
     run = client.create_run(exp_id, run_name=name, tags={**provenance, **tags})
-    batch = [Param(k, str(v)[:6000]) for k, v in recipe.flat().items()]
-    for i in range(0, len(batch), 100):
-        client.log_batch(run.info.run_id, params=batch[i : i + 100])
+    store.log_params(client, run.info.run_id, {k: str(v)[:6000] for k, v in recipe.flat().items()})
     return run
 
 

@@ -13,7 +13,7 @@ import sqlite3
 from pathlib import Path
 
 import pandas as pd
-from mlflow.entities import Run
+from mlflow.entities import Param, Run
 from mlflow.tracking import MlflowClient
 
 DEFAULT_STORE = "mlflow.db"
@@ -80,6 +80,13 @@ def existing_store(uri: str) -> str:
     if not {"experiments", "runs", "metrics"} <= tables:
         raise StoreError(f"{path} is not an MLflow store: an SQLite database without MLflow's tables")
     return uri
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:
+    """Log a run's params in MLflow's batches of at most 100."""
+    batch = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(batch), 100):
+        client.log_batch(run_id, params=batch[i : i + 100])
 
 
 def read_client(tracking_uri: str | None = None) -> MlflowClient:

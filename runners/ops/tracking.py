@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from runners.ops import store
@@ -214,9 +214,7 @@ def start_over(client: MlflowClient, run_id: str, run_dir: Path, reason: str, lo
     # the identity moves at once: a kill from here on leaves one run with it (the new one); a kill
     # before this line leaves two, which store.identified_runs resolves to the newest
     client.delete_tag(run_id, store.RUN_ID)
-    params = [Param(k, v) for k, v in old.data.params.items()]
-    for i in range(0, len(params), 100):  # MLflow's limit per batch
-        client.log_batch(new.info.run_id, params=params[i : i + 100])
+    store.log_params(client, new.info.run_id, old.data.params)
     aside = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
     aside.mkdir()
     for name in ("metrics.jsonl", "samples.jsonl", "checkpoints", "best", "done.json"):

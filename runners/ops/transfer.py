@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from runners.ops.store import IMPORTED_FROM
+from runners.ops.store import IMPORTED_FROM, log_params
 
 
 def _artifact_dir(artifact_uri: str, artifacts_root: Path | None) -> Path | None:
@@ -56,9 +56,7 @@ def import_store(
             tags[IMPORTED_FROM] = run.info.run_id
             new = dst.create_run(exp_id, start_time=run.info.start_time, tags=tags, run_name=run.info.run_name)
             new_id = new.info.run_id
-            params = [Param(k, v) for k, v in run.data.params.items()]
-            for i in range(0, len(params), 100):
-                dst.log_batch(new_id, params=params[i : i + 100])
+            log_params(dst, new_id, run.data.params)
             for key in run.data.metrics:
                 hist = [
                     Metric(m.key, m.value, m.timestamp, m.step) for m in src.get_metric_history(run.info.run_id, key)
