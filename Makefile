@@ -49,7 +49,7 @@ postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (i
 	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) postgresql || { apt-get update -qq && $(APT_INSTALL) postgresql; }; }; } || \
 	  { echo "error: the tests need Debian's PostgreSQL server: apt-get install postgresql"; exit 1; }
 
-tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (README: exposing it safely)
+tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (docs/operations.md: exposing it safely)
 	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT))
 
 lint: $(FULL) ## ruff only

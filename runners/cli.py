@@ -191,7 +191,7 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
             f"warning: binding {args.host}: anyone who reaches this port can read and write every run; "
-            "put it behind auth or an SSH tunnel (README: shared tracking server)",
+            "put it behind auth or an SSH tunnel (docs/operations.md: shared tracking server)",
             file=sys.stderr,
         )
     with contextlib.ExitStack() as stack:
@@ -291,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ts.add_argument("--root", default="artifacts/tracking", help="folder for pgdata/ and artifacts/")
     ts.add_argument("--db-uri", help="an existing database, e.g. postgresql+psycopg2://user:pass@dbhost/mlflow")
-    ts.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; see the README first)")
+    ts.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; read docs/operations.md)")
     ts.add_argument("--port", type=int, default=5001, help="MLflow port (default 5001)")
     ts.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")
     ts.add_argument("--workers", type=int, default=4, help="MLflow server workers (default 4)")
