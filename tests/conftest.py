@@ -50,3 +50,15 @@ def random_model_dir(tmp_path_factory) -> Path:
     )
     LlamaForCausalLM(cfg).save_pretrained(str(out))
     return out
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI (``CI`` set, as ``.ci/run`` runs), a skipped test is an error: a missing PostgreSQL,
+    Chromium or root must not turn into a pass."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI, which counts as a failure: {reason}"

@@ -231,3 +231,53 @@ def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_i
     assert flat.stop and flat.reason.startswith("stop: no gain") and "after its backtest error" in flat.reason
     slow = decide_at(curves, "control=lr_half", 0.5, budgets, cfg)
     assert not slow.stop
+
+
+def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_worse_variant(tmp_path):
+    """The monitor as a campaign runs it: curves logged into a real MLflow store as runs log them,
+    no decision until every seed of the variant and of the baseline has reached the point, then
+    the worse variant stopped (tags and STOP files) and the close one left running."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from runners.ops import store
+    from runners.ops.adaptive import Monitor, decision_tag
+
+    budget = 40_000.0
+    curves = campaign_curves({"baseline": BASE, "worse": (0.55, 2.0, 8_000.0), "close": (0.695, 2.0, 8_000.0)})
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("live")
+    members: dict[str, list] = {}
+    series: dict[str, pd.DataFrame] = {}
+    for (variant, seed), g in curves.groupby(["variant", "seed"]):
+        run_id = client.create_run(exp).info.run_id
+        members.setdefault(variant, []).append((run_id, tmp_path / f"{variant}-{seed}", budget))
+        (tmp_path / f"{variant}-{seed}").mkdir()
+        series[run_id] = g.sort_values(X).reset_index(drop=True)
+
+    def log_upto(fraction: float, skip: str | None = None) -> None:
+        for run_id, g in series.items():
+            if run_id == skip:
+                continue
+            done = {m.step for m in client.get_metric_history(run_id, X)}
+            rows = g[(g[X] <= fraction * budget) & ~g.index.isin(done)]
+            metrics = [Metric(key, float(r[key]), 0, int(i)) for i, r in rows.iterrows() for key in (X, MEAN_AT_16)]
+            for start in range(0, len(metrics), 1000):
+                client.log_batch(run_id, metrics=metrics[start : start + 1000])
+
+    cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=1000, n_resamples=300)
+    monitor = Monitor(cfg, client, members, log=lambda m: None)
+    lagging = members["baseline"][1][0]
+    log_upto(0.6, skip=lagging)  # one baseline seed is still short of the decision point
+    log_upto(0.4)
+    monitor(force=True)
+    assert not monitor.decided and not monitor.stopped
+    log_upto(0.6)
+    monitor(force=True)
+    assert monitor.stopped == {"worse"} and set(monitor.decided) == {("worse", 0.5), ("close", 0.5)}
+    for run_id, folder, _ in members["worse"]:
+        assert (folder / "STOP").is_file() and store.STOP_DECISION in client.get_run(run_id).data.tags
+    for run_id, folder, _ in members["close"]:
+        assert not (folder / "STOP").exists()
+        assert json.loads(client.get_run(run_id).data.tags[decision_tag(0.5)])["stop"] is False
+    assert monitor.saved()["share_saved"] > 0

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
+from scalefit.curve import sigmoid
 from scalefit.synthetic import synthetic_curve
 
 X = "compute/gpu_hours"
@@ -169,13 +170,19 @@ def test_identical_curves_are_flagged_not_judged():
     assert row["identical_to_baseline"] and row["verdict"].startswith("identical mean@16 to the baseline")
 
 
-def test_extrapolation_check_reports_band_verdict_and_expected_error():
+def test_extrapolation_check_predicts_a_clean_curve_from_its_first_half_only():
     df = curves({"baseline": (2542, 1.92, 0.61)}, c_max=32_000.0)
-    ex = extrapolation_check(df, {"x": X, "a_grid": "0.30:0.90:0.005", "level": 0.9}, n_boot=100).iloc[0]
-    assert ex["band_lo"] <= ex["predicted"] <= ex["band_hi"]
-    assert ex["in_band"] == (ex["band_lo"] <= ex["observed"] <= ex["band_hi"])
-    assert ex["verdict"] in ("predictable", "not yet predictable") and ex["level"] == 0.9
-    assert np.isfinite(ex["expected_error"])
+    fit = {"x": X, "a_grid": "0.30:0.90:0.005", "level": 0.9}
+    ex = extrapolation_check(df, fit, n_boot=100).iloc[0]
+    truth = float(sigmoid(np.array([32_000.0]), 0.61, 1.92, 2542, 0.30)[0])
+    assert abs(ex["predicted"] - truth) <= 0.02 and ex["band_lo"] <= truth <= ex["band_hi"]
+    assert ex["level"] == 0.9 and 0 <= ex["expected_error"] < 0.05
+    # what lies past half the compute is only observed, never fitted: wreck it and the prediction stays
+    tampered = df.copy()
+    tampered.loc[tampered[X] > ex["fit_upto"], "val/mean_at_16"] = 0.05
+    ex2 = extrapolation_check(tampered, fit, n_boot=100).iloc[0]
+    assert (ex2["predicted"], ex2["band_lo"], ex2["band_hi"]) == (ex["predicted"], ex["band_lo"], ex["band_hi"])
+    assert ex2["observed"] == pytest.approx(0.05) and not ex2["in_band"] and ex["in_band"]
 
 
 def test_unknown_fit_key_is_refused_with_a_suggestion():

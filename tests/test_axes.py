@@ -266,12 +266,15 @@ def test_interrupted_completions_have_no_generator_logp_for_the_phrase(random_mo
     trainer.model.train()
     completions, logps = trainer._generate_single_turn([tok("Q: 1+1\n")["input_ids"]] * 8, None, {}, 8)
     phrase = trainer._phrase_ids
+    interrupted = 0
     for c, lp in zip(completions, logps, strict=True):
         assert len(lp) == len(c)
         start = find_subsequence(c, phrase)
         if start is not None:  # forced tokens: NaN; sampled ones before and after: real log-probs
+            interrupted += 1
             assert all(math.isnan(x) for x in lp[start : start + len(phrase)])
             assert all(x <= 0 for x in lp[:start] + lp[start + len(phrase) :])
+    assert interrupted >= 4, f"only {interrupted} of 8 completions were interrupted: the test checked too little"
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -490,3 +493,27 @@ def test_static_kv_cache_samples_the_same_tokens_as_the_dynamic_one(tiny_base, t
         runs[cache] = ([(m["step"], m["val/mean_at_16"], m["val/format_error_rate"]) for m in metrics], samples)
     assert runs["static"] == runs["dynamic"]
     assert [s for s, _, _ in runs["static"][0]] == [0, 2]
+
+
+def test_the_static_cache_setting_reaches_generate(tiny_base, tmp_path):
+    """``model.generation_cache: static`` arrives at ``generate`` in both places that sample: TRL's
+    rollouts (the trainer's generation config) and evaluation (which takes the trainer's setting)."""
+    from runners.rl.evaluation import evaluate
+
+    trainer = make_trainer(tiny_base, make_recipe(model={"generation_cache": "static"}), tmp_path)
+    model, tok = trainer.model, trainer.processing_class
+    seen: list[str | None] = []
+    generate = model.generate
+
+    def recording_generate(*args, **kwargs):  # the real generate, its cache setting recorded
+        config = kwargs.get("generation_config")
+        seen.append(kwargs.get("cache_implementation") or getattr(config, "cache_implementation", None))
+        return generate(*args, **kwargs)
+
+    model.generate = recording_generate
+    trainer.model.train()
+    trainer._generate_single_turn([tok("Q: 1+1\n")["input_ids"]] * G, None, {}, G)
+    assert seen == ["static"]
+    rows = [{"prompt": "Q: 1+1\n", "answer": "2"}]
+    evaluate(model, tok, rows, samples=2, max_new_tokens=4, cache_implementation=trainer.args.cache_implementation)
+    assert seen == ["static", "static"]

@@ -735,20 +735,28 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
     client = MlflowClient(store)
     kills = 0
+    folders = tmp_path / "artifacts" / "campaigns" / "faults"
+
+    def evaluated_since(t: float) -> bool:  # this process has written an evaluation: it is training
+        return any(p.stat().st_mtime > t for p in folders.glob("*/metrics.jsonl"))
+
     for _ in range(4):
-        ckpts = tmp_path / "artifacts" / "campaigns" / "faults"
+        launched = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-        # wait for training to be under way (a checkpoint folder, or a first one about to be), then a random delay
+        # wait until *this* process trains (past imports, server start and resume), then a random delay,
+        # so that the kills land in training and checkpoint saves, not in start-up
         deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None and not list(ckpts.glob("*/metrics.jsonl")):
+        while time.time() < deadline and proc.poll() is None and not evaluated_since(launched):
             time.sleep(0.2)
-        time.sleep(rng.uniform(0.0, 6.0))
+        time.sleep(rng.uniform(0.0, 4.0))
         if proc.poll() is None:
             _kill_tree(proc.pid)
             kills += 1
         proc.wait()
     summary = run_campaign(path, log=lambda m: None)
     assert not summary["failures"] and kills >= 2
+    (log,) = folders.glob("*/run.log")
+    assert log.read_text().count("resuming from") >= 2, "the kills did not land in training"
     exp_id = client.get_experiment_by_name("faults").experiment_id
     (run,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
     rid = run.info.run_id

@@ -37,11 +37,21 @@ def test_an_unauthorised_local_user_is_refused(cluster):
     for user in ("postgres", ROLE):  # over TCP without the secret: no password, no entry
         r = _as_nobody(psql, "-h", "127.0.0.1", "-p", port, "-U", user, "-d", "mlflow", "-w", "-c", "select 1")
         assert r.returncode != 0 and "password" in r.stderr, r.stderr
-    # over the Unix socket: only the server's own OS user
-    r = _as_nobody(
-        psql, "-h", str(cluster.data_dir), "-p", port, "-U", "postgres", "-d", "mlflow", "-w", "-c", "select 1"
+    # over the Unix socket: only the server's own OS user. Asked as root (who can reach the socket in its
+    # 0700 folder, unlike nobody), so that what refuses is PostgreSQL's peer check, not the folder's mode
+    _assert_peer_refuses(cluster)
+
+
+def _assert_peer_refuses(cluster) -> None:
+    r = subprocess.run(
+        [find_bin("psql"), "-h", str(cluster.data_dir), "-p", str(cluster.port), "-U", "postgres", "-d", "mlflow"]
+        + ["-w", "-c", "select 1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
     )
-    assert r.returncode != 0
+    assert r.returncode != 0 and "Peer authentication failed" in r.stderr, r.stderr
 
 
 def test_mlflow_connects_as_a_role_that_is_no_superuser_and_owns_its_database(cluster):
@@ -67,7 +77,8 @@ def test_a_cluster_made_with_trust_is_locked_on_its_next_start(cluster):
     r = _as_nobody(
         find_bin("psql"), "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres", "-w", "-c", "select 1"
     )
-    assert r.returncode != 0
+    assert r.returncode != 0 and "password" in r.stderr, r.stderr
+    _assert_peer_refuses(cluster)  # the socket too: trust is gone from both
     engine = sqlalchemy.create_engine(cluster.uri)  # the same secret still lets MLflow in
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("select 1")).scalar() == 1

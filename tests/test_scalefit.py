@@ -192,11 +192,13 @@ def test_cli_fit_json_on_stdout_and_plot(tmp_path):
     assert fc["level"] == 0.9 and fc["ratio"] == pytest.approx(2.0)
     held = fc["heldout"]  # a band for every held-out point, not only the final one
     assert len(held) == res["ScaleRL"]["extrapolation"]["n_heldout"]
-    for row in held:
+    cm, b, a = TABLE1["ScaleRL"]
+    for row in held:  # a clean Table 1 curve fitted up to 8,000 GPU-h predicts the rest
         lo, hi = row["prediction_band"]
         clo, chi = row["confidence_band"]
         assert lo <= clo <= row["predicted"] <= chi <= hi
-        assert row["in_prediction_band"] == (lo <= row["observed"] <= hi)
+        assert abs(row["predicted"] - float(sigmoid(np.array([row["compute"]]), a, b, cm, 0.30)[0])) <= 0.02
+    assert np.mean([r["in_prediction_band"] for r in held]) >= 0.75
     assert res["ScaleRL"]["verdict"]["label"] in ("predictable", "not yet predictable")
     assert "A " in out.stderr and "verdict" in out.stderr and png.stat().st_size > 10_000
 
