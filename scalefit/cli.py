@@ -176,8 +176,9 @@ def _forecast(f: SigmoidFit, args: argparse.Namespace) -> Forecast | None:
 
 
 def check_writable(dest: str | os.PathLike | None, option: str) -> None:
-    """Refuse, before any work, an output path that cannot be written: its nearest existing folder
-    must take a new file (tried, then removed) and the path must not be a folder. Creates nothing."""
+    """Refuse, before any work, an output path that cannot be written: an existing file must be
+    writable, else its nearest existing folder must take a new file (tried with a temporary file);
+    a folder is refused. Leaves nothing behind (folders are made only when the output is written)."""
     if dest is None or str(dest) == "-":
         return
     path = Path(dest)
@@ -189,8 +190,9 @@ def check_writable(dest: str | os.PathLike | None, option: str) -> None:
         problem = "it is a folder"
     elif not folder.is_dir():
         problem = f"{folder} is a file, not a folder"
-    elif path.exists() and not os.access(path, os.W_OK):
-        problem = "the file is read-only"
+    elif path.exists():
+        if not os.access(path, os.W_OK):
+            problem = "the file is read-only"
     else:
         try:
             tempfile.TemporaryFile(dir=folder).close()

@@ -120,8 +120,8 @@ def thin_runs(fit: SigmoidFit, max_points: int | None = None) -> SigmoidFit:
     least-squares estimator on fewer points: its spread is as wide as the full data's or wider
     (wider by up to the square root of the thinning when successive evaluations are independent,
     about the same when runs drift or R0's uncertainty dominates). Thinning evenly in log-compute
-    instead moves the weight towards the rise and narrowed C_mid's interval by 40% below the full
-    data's in the measured case (docs/scalefit.md).
+    instead moves the weight towards the rise and narrowed C_mid's interval by 30-40% below the
+    full data's in the measured case (docs/scalefit.md).
     """
     max_points = FORECAST_POINTS if max_points is None else max_points
     if int(fit.used.sum()) <= max_points:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import resource
 import subprocess
 import sys
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,36 +18,10 @@ import pytest
 from scalefit import FitError, fit_sigmoid, forecast
 from scalefit.cli import read_curves
 from scalefit.synthetic import TABLE1, realistic_runs, synthetic_curve
+from tests.scale_cases import run_measured, seeds_csv
 
 fc_mod = importlib.import_module("scalefit.forecast")  # the module; ``scalefit.forecast`` is the function
 TARGET = 1536 * 2**20  # any fit and forecast of up to 200k points under 1.5 GB of resident memory
-
-
-def _seeds_csv(path, seeds: int, n: int, n_prompts: int = 50) -> None:
-    """``seeds`` runs of the ScaleRL Table 1 curve with ``n`` evaluations each (mean@16 noise)."""
-    cm, b, a = TABLE1["ScaleRL"]
-    frames = []
-    for s in range(seeds):
-        c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=n, n_prompts=n_prompts, seed=s)
-        frames.append(pd.DataFrame({"seed": s, "gpu_hours": c, "mean_at_16": v}))
-    pd.concat(frames).to_csv(path, index=False)
-
-
-def run_measured(cmd: list[str], cwd, limit: int | None = None) -> tuple[int, str, str, int]:
-    """Run ``cmd``; its exit code, stdout, stderr and peak resident memory in bytes (its own, from
-    ``wait4``), under an address-space ``limit`` if given."""
-    out, err = cwd / "stdout.txt", cwd / "stderr.txt"
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-
-    def cap() -> None:
-        if limit:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-
-    with out.open("w") as o, err.open("w") as e:
-        p = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, preexec_fn=cap)
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-    return p.returncode, out.read_text(), err.read_text(), usage.ru_maxrss * 1024
 
 
 def test_a_200k_point_forecast_runs_under_the_memory_target(tmp_path):
@@ -56,7 +30,7 @@ def test_a_200k_point_forecast_runs_under_the_memory_target(tmp_path):
     space, which counts reserved but unused memory, is capped at 4 GiB only so that a regression
     fails fast instead of taking the machine.)"""
     csv, out = tmp_path / "big.csv", tmp_path / "fit.json"
-    _seeds_csv(csv, seeds=20, n=10_000)
+    seeds_csv(csv, seeds=20, n=10_000)
     cmd = [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "gpu_hours", "--y", "mean_at_16"]
     cmd += ["--seed-col", "seed", "--cmid-grid", "1000:6000:11", "--a-grid", "0.55:0.68:0.005", "--json", str(out)]
     rc, stdout, stderr, peak = run_measured(cmd, tmp_path, limit=4 * 2**30)
@@ -150,7 +124,7 @@ def test_a_resample_count_beyond_the_limit_is_refused_up_front(tmp_path):
 @pytest.mark.parametrize("option", ["--json", "--plot"])
 def test_an_unwritable_output_is_refused_before_the_fit(tmp_path, option):
     csv = tmp_path / "curves.csv"
-    _seeds_csv(csv, seeds=2, n=101)
+    seeds_csv(csv, seeds=2, n=101)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for dest, why in ((blocker / "x.out", f"{blocker} is a file, not a folder"), (tmp_path, "it is a folder")):
@@ -165,36 +139,28 @@ def test_an_unwritable_output_is_refused_before_the_fit(tmp_path, option):
         assert "fitting" not in r.stderr and not r.stdout  # refused before reading the data: no fit, no summary
 
 
-def test_an_output_in_a_read_only_folder_is_refused(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes into read-only folders")
+def test_an_output_in_a_folder_that_takes_no_files_is_refused(tmp_path):
+    """A folder without write permission (or, for root, who ignores permissions, sysfs): the
+    nearest existing folder is tried with a real file, so both are caught before the fit."""
     c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
     csv = tmp_path / "one.csv"
     pd.DataFrame({"h": c, "m": v}).to_csv(csv, index=False)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o500)
+    if os.geteuid() == 0:
+        locked = Path("/sys")
+    dest = locked / "new" / "x.json"  # a folder to create inside it, as --json would
     try:
         r = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "scalefit",
-                "fit",
-                str(csv),
-                "--x",
-                "h",
-                "--y",
-                "m",
-                "--json",
-                str(locked / "x.json"),
-            ],
+            [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "h", "--y", "m", "--json", str(dest)],
             capture_output=True,
             text=True,
         )
     finally:
-        locked.chmod(0o700)
-    assert r.returncode == 2 and "cannot write there" in r.stderr and "fitting" not in r.stderr
+        (tmp_path / "locked").chmod(0o700)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: --json {dest}: cannot write there ({locked}: ")
+    assert "fitting" not in r.stderr and not r.stdout and not (locked / "new").exists()
 
 
 @pytest.mark.parametrize(
