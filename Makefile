@@ -58,7 +58,7 @@ lint: $(FULL) ## ruff only
 fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → artifacts/fit-demo/{fit.json,fit.png}
 	$(BIN)/python -m scalefit demo --out artifacts/fit-demo
 
-bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; time and memory at 1k-200k points
+bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; fit time and memory at 1k-200k points; fit + forecast peak RSS up to 200k points
 	$(BIN)/python -m tests.bench_fit
 
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/

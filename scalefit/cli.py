@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import pandas as pd
 from scalefit.compare import compare_fits
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, fit_sigmoid
-from scalefit.forecast import Forecast, forecast
+from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
 from scalefit.grids import parse_grid
 from scalefit.powerlaw import fit_power_law
 
@@ -27,7 +28,10 @@ Curves = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 def read_curves(path: str, x: str, y: str, run_col: str, seed_col: str | None = None) -> Curves:
     """Read a CSV into {run: (compute, value, seed of each row or None)}; one curve when there is
     no run column. With ``seed_col``, the rows of one run come from several seeds (runs of the
-    same recipe), which the uncertainty treats as separate correlated series."""
+    same recipe), which the uncertainty treats as separate correlated series.
+
+    Every error about a row names its line in the file, counting the header as line 1 (the
+    first data row is line 2; blank lines count, as an editor shows them)."""
     p = Path(path)
     if not p.is_file():
         raise FitError(f"{path}: no such file")
@@ -42,10 +46,20 @@ def read_curves(path: str, x: str, y: str, run_col: str, seed_col: str | None = 
         num = pd.to_numeric(df[col], errors="coerce")
         bad = num.isna() & df[col].notna()
         if bad.any():
-            raise FitError(
-                f"{path}: column {col!r} row {int(bad.idxmax()) + 2} is not a number: {df[col][bad.idxmax()]!r}"
-            )
+            row = int(np.argmax(bad.to_numpy()))
+            raise FitError(f"{path}: line {_line_of(p, row)}: column {col!r} is not a number: {df[col].iloc[row]!r}")
         df[col] = num
+    keys = [c for c in (run_col, seed_col) if c and c in df.columns]
+    for col, bad, what in (
+        *((c, df[c].isna(), "is empty") for c in (x, y, *keys)),
+        *((c, ~np.isfinite(df[c]) & df[c].notna(), "is not finite") for c in (x, y)),
+        (x, df[x] < 0, "is negative: compute must be >= 0"),
+        (y, (df[y] < 0) | (df[y] > 1), "lies outside [0, 1]: values are pass rates"),
+    ):
+        if bad.any():
+            row = int(np.argmax(bad.to_numpy()))
+            value = "" if what == "is empty" else f" ({df[col].iloc[row]:g})"
+            raise FitError(f"{path}: line {_line_of(p, row)}: column {col!r}{value} {what}")
     groups = {str(k): g for k, g in df.groupby(run_col, sort=False)} if run_col in df.columns else {p.stem: df}
     for name, g in groups.items():  # each x of a series repeated: seeds pooled unnamed, or a file joined twice
         for _, series in g.groupby(seed_col) if seed_col else [(None, g)]:
@@ -59,6 +73,19 @@ def read_curves(path: str, x: str, y: str, run_col: str, seed_col: str | None = 
         k: (g[x].to_numpy(float), g[y].to_numpy(float), g[seed_col].to_numpy() if seed_col else None)
         for k, g in groups.items()
     }
+
+
+def _line_of(path: Path, row: int) -> int:
+    """The file line of data row ``row`` (0-based, as pandas read it): the header is line 1 and
+    blank lines, which pandas skips, still count."""
+    with path.open(encoding="utf-8", errors="replace") as f:
+        seen = -1  # the header
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                if seen == row:
+                    return line_no
+                seen += 1
+    return row + 2
 
 
 def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,6 +119,11 @@ def _summary(name: str, f: SigmoidFit, fc: Forecast | None, extra: dict[str, Any
             f"  noise  one evaluation deviates {n.sigma:.4f} (sd) from the mean curve, lag-1 correlation {n.phi:.2f}"
             + (f", evaluation's own sd {n.sigma_eval:.4f}" if n.sigma_eval is not None else "")
         )
+        if fc.refitted_points is not None and fc.refitted_points < f.n_points:
+            lines.append(
+                f"  thinned  bands and backtests refit {fc.refitted_points:,} of the {f.n_points:,} fitted points"
+                " (every k-th evaluation of each run; the fit above uses all; docs/scalefit.md)"
+            )
         err = fc.expected_error
         lines.append(
             f"  backtests {len(fc.backtests)} at {fc.ratio:.2g}x: expected extrapolation error "
@@ -143,7 +175,36 @@ def _forecast(f: SigmoidFit, args: argparse.Namespace) -> Forecast | None:
     )
 
 
+def check_writable(dest: str | os.PathLike | None, option: str) -> None:
+    """Refuse, before any work, an output path that cannot be written: an existing file must be
+    writable, else its nearest existing folder must take a new file (tried with a temporary file);
+    a folder is refused. Leaves nothing behind (folders are made only when the output is written)."""
+    if dest is None or str(dest) == "-":
+        return
+    path = Path(dest)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    problem = None
+    if path.is_dir():
+        problem = "it is a folder"
+    elif not folder.is_dir():
+        problem = f"{folder} is a file, not a folder"
+    elif path.exists():
+        if not os.access(path, os.W_OK):
+            problem = "the file is read-only"
+    else:
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            problem = f"{folder}: {e.strerror or e}"
+    if problem:
+        raise FitError(f"{option} {dest}: cannot write there ({problem}); nothing was fitted")
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
+    check_writable(args.json, "--json")
+    check_writable(args.plot, "--plot")
     curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
     kwargs = _fit_kwargs(args)
     fits, fcs, results, texts = {}, {}, {}, []
@@ -183,6 +244,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    check_writable(args.json, "--json")
     curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
     if len(curves) < 2:
         raise FitError(
@@ -212,6 +274,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from scalefit.synthetic import table1_frame
 
     out = Path(args.out)
+    check_writable(out / "fit.json", "--out")
     out.mkdir(parents=True, exist_ok=True)
     csv = out / "table1_curves.csv"
     table1_frame(seeds=1, c_max=16_000.0, n_points=161).query(
@@ -301,8 +364,8 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
 
 def _resamples(text: str) -> int:
     n = int(text)
-    if n != 0 and n < 20:
-        raise argparse.ArgumentTypeError(f"must be 0 (off) or at least 20 resamples, got {text}")
+    if n != 0 and not 20 <= n <= MAX_RESAMPLES:
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or 20 to {MAX_RESAMPLES:,} resamples, got {text}")
     return n
 
 

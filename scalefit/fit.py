@@ -177,7 +177,9 @@ def _as_float_array(x, name: str) -> np.ndarray:
         raise FitError(f"{name} must be numbers") from None
     bad = np.flatnonzero(~np.isfinite(arr))
     if len(bad):
-        raise FitError(f"{name} has {len(bad)} NaN/inf value(s), first at position {bad[0]}; drop or fix those rows")
+        raise FitError(
+            f"{name} has {len(bad)} NaN/inf value(s), first at index {bad[0]} (0-based); drop or fix those rows"
+        )
     return arr
 
 
@@ -189,10 +191,10 @@ def check_curve(compute, value) -> tuple[np.ndarray, np.ndarray]:
         raise FitError(f"compute has {len(c)} points but value has {len(v)}")
     if (c < 0).any():
         i = int(np.flatnonzero(c < 0)[0])
-        raise FitError(f"compute must be >= 0; position {i} has {c[i]:g}")
+        raise FitError(f"compute must be >= 0; index {i} (0-based) has {c[i]:g}")
     if ((v < 0) | (v > 1)).any():
         i = int(np.flatnonzero((v < 0) | (v > 1))[0])
-        raise FitError(f"values are pass rates and must lie in [0, 1]; position {i} has {v[i]:g}")
+        raise FitError(f"values are pass rates and must lie in [0, 1]; index {i} (0-based) has {v[i]:g}")
     return c, v
 
 

@@ -21,15 +21,22 @@
    few points to backtest, the knee not reached, A or C_mid on a grid edge, backtest error
    above the comparison margin, residuals the sigmoid does not explain. When not predictable,
    how much more compute the backtests suggest before a ±margin prediction becomes likely.
+
+Memory and time are bounded for any number of points and runs: beyond ``FORECAST_POINTS``
+fitted evaluations, the bootstrap and the backtests refit every k-th evaluation of each run
+(``thin_runs``; the point fit keeps every point), and the resamples are refitted in chunks of
+at most ``BOOT_CHUNK_FLOATS`` resamples × points (``correlated_bootstrap``), bands computed in
+chunks of compute values. docs/scalefit.md states the rule and what it costs.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from scipy.signal import lfilter
 
 from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
@@ -47,6 +54,11 @@ BACKTEST_RESAMPLES = 150
 STRUCTURE_Z = 3.0
 DEBIAS_ROUNDS = 3
 PREDICTION_DRAWS = 4000
+FORECAST_POINTS = 2000  # the most fitted evaluations the bootstrap and backtests refit; beyond, runs are thinned
+MIN_RUN_POINTS = 8  # a thinned run keeps at least this many (many short runs: the bound is per run, not total)
+BOOT_CHUNK_FLOATS = 2_500_000  # resamples x points per refitted chunk (20 MB per array, ~350 MB at peak)
+BAND_CHUNK_FLOATS = 2_000_000  # draws x compute values per chunk of a band
+MAX_RESAMPLES = 100_000
 
 
 @dataclass
@@ -81,11 +93,60 @@ def eval_sd(p, eval_prompts: int | None, eval_samples: int = 16) -> np.ndarray |
 def _series(fit: SigmoidFit) -> list[np.ndarray]:
     """Indices into the fit's inputs of each run's evaluations in compute order, zero compute included."""
     c_all, _ = fit.inputs
-    out = []
-    for r in np.unique(fit.run_inputs):
-        idx = np.flatnonzero((fit.run_inputs == r) & (fit.used | (c_all == c_all.min())))
-        out.append(idx[np.argsort(c_all[idx], kind="stable")])
-    return out
+    idx = np.flatnonzero(fit.used | (c_all == c_all.min()))
+    idx = idx[np.lexsort((c_all[idx], fit.run_inputs[idx]))]  # by run, then compute; ties keep input order
+    runs = fit.run_inputs[idx]
+    uniq = np.unique(fit.run_inputs)  # every run, one with no point here included (an empty series)
+    lo, hi = np.searchsorted(runs, uniq, "left"), np.searchsorted(runs, uniq, "right")
+    return [idx[a:b] for a, b in zip(lo, hi, strict=True)]
+
+
+def _every_kth(n: int, k: int) -> np.ndarray:
+    """Positions of ``k`` of ``n`` evaluations evenly spaced in their order (about every n/k-th,
+    the first and the last kept); all of them when ``n <= k``."""
+    if n <= k:
+        return np.arange(n)
+    return np.unique(np.round(np.linspace(0, n - 1, k)).astype(int))
+
+
+def thin_runs(fit: SigmoidFit, max_points: int | None = None) -> SigmoidFit:
+    """The evaluations the bootstrap and the backtests refit: the fit itself when it has at most
+    ``max_points`` (default ``FORECAST_POINTS``) fitted points; otherwise a copy (same A, B, C_mid,
+    R0, grids) in which each run keeps ``max(MIN_RUN_POINTS, max_points // runs)`` of its fitted
+    evaluations, evenly spaced in compute order (``_every_kth``), and its zero-compute evaluation.
+
+    The kept evaluations are real ones, not averages, so the noise model still describes one
+    evaluation, and they spread over compute as the full data do, so the refits are the same
+    least-squares estimator on fewer points: its spread is as wide as the full data's or wider
+    (wider by up to the square root of the thinning when successive evaluations are independent,
+    about the same when runs drift or R0's uncertainty dominates). Thinning evenly in log-compute
+    instead moves the weight towards the rise and narrowed C_mid's interval by 30-40% below the
+    full data's in the measured case (docs/scalefit.md).
+    """
+    max_points = FORECAST_POINTS if max_points is None else max_points
+    if int(fit.used.sum()) <= max_points:
+        return fit
+    c_all, v_all = fit.inputs
+    series = _series(fit)
+    per_run = max(MIN_RUN_POINTS, max_points // max(len(series), 1))
+    keep = []
+    for idx in series:
+        fitted = idx[fit.used[idx]]
+        keep += [idx[~fit.used[idx]], fitted[_every_kth(len(fitted), per_run)]]
+    keep = np.sort(np.concatenate(keep))
+    used = fit.used[keep]
+    c, v = c_all[keep], v_all[keep]
+    empty = np.empty(0)
+    return replace(
+        fit,
+        compute=c[used],
+        value=v[used],
+        inputs=(c, v),
+        used=used,
+        run_inputs=fit.run_inputs[keep],
+        heldout_compute=empty,
+        heldout_value=empty,
+    )
 
 
 def _residual_stats(resid: np.ndarray, series: list[np.ndarray], n_free: int) -> tuple[np.ndarray, np.ndarray]:
@@ -208,6 +269,7 @@ class Forecast:
     calibration: float = 1.0  # the prediction band's width factor from the backtests
     verdict: Verdict | None = None
     seed: int = 0
+    refitted_points: int | None = None  # fitted evaluations the bootstrap refitted (fewer when thinned)
 
     def _curves(self, compute) -> tuple[np.ndarray, np.ndarray]:
         c = np.atleast_1d(np.asarray(compute, float))
@@ -221,11 +283,25 @@ class Forecast:
     def point(self, compute) -> np.ndarray:
         return self.fit.predict(np.atleast_1d(np.asarray(compute, float)))
 
+    def _by_columns(self, compute, draws: int, band) -> tuple[np.ndarray, np.ndarray]:
+        """``band(c)`` -> (lo, hi) over chunks of the compute values, at most ``BAND_CHUNK_FLOATS``
+        draws x values each (one chunk for the few values a band is usually asked at)."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        step = max(1, BAND_CHUNK_FLOATS // max(draws, 1))
+        if len(c) <= step:
+            return band(c)
+        parts = [band(c[i : i + step]) for i in range(0, len(c), step)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
     def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
         """Where the mean curve lies (parameter uncertainty only)."""
-        c, curves = self._curves(compute)
-        lo, hi = np.percentile(curves, central_percentiles(self.level), axis=0)
-        return lo, hi
+        q = central_percentiles(self.level)
+
+        def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            lo, hi = np.percentile(self._curves(c)[1], q, axis=0)
+            return lo, hi
+
+        return self._by_columns(compute, len(self.samples), band)
 
     def mean_draws(self, compute) -> np.ndarray:
         """Draws of the mean curve at each compute (resamples x points), widened by the backtest
@@ -252,8 +328,13 @@ class Forecast:
         """Where a new evaluation at each compute lands (parameter uncertainty + evaluation noise +
         run-to-run deviation), calibrated by the backtests; at ``level`` (default the forecast's)."""
         q = central_percentiles(self.level if level is None else level)
-        lo, hi = np.percentile(self.prediction_draws(compute, n_runs), q, axis=0)
-        return lo, hi
+        draws = len(self.samples) * max(1, -(-PREDICTION_DRAWS // len(self.samples)))
+
+        def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            lo, hi = np.percentile(self.prediction_draws(c, n_runs), q, axis=0)
+            return lo, hi
+
+        return self._by_columns(compute, draws, band)
 
     @property
     def expected_error(self) -> float | None:
@@ -289,6 +370,7 @@ class Forecast:
         out: dict[str, Any] = {
             "level": self.level,
             "n_resamples": len(self.samples),
+            "refitted_points": self.refitted_points,
             "noise": self.noise.to_dict(),
             "ratio": self.ratio,
             "calibration": self.calibration,
@@ -314,6 +396,12 @@ class Forecast:
         return out
 
 
+def _chunks(n: int, per_item: int) -> list[slice]:
+    """Slices of ``range(n)`` of at most ``max(1, BOOT_CHUNK_FLOATS // per_item)`` items."""
+    step = max(1, BOOT_CHUNK_FLOATS // max(per_item, 1))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
 def correlated_bootstrap(
     fit: SigmoidFit, noise: NoiseModel, n_resamples: int, seed: int = 0, *, draw_sigma: bool = True
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
@@ -322,6 +410,11 @@ def correlated_bootstrap(
 
     Also returns each resample's noise level and the residual statistics of its refit (variance
     and lag-1 correlation, as ``noise_model`` measures them on the real data).
+
+    The resamples are simulated and refitted in chunks of at most ``BOOT_CHUNK_FLOATS`` resamples
+    × points, one after another from the one generator, so memory is bounded for any size. The
+    chunking depends only on the number of points, so a seed gives the same draws every time;
+    where all resamples fit in one chunk they are the draws of one unchunked pass.
     """
     rng = np.random.default_rng(seed)
     c_all, _ = fit.inputs
@@ -331,15 +424,23 @@ def correlated_bootstrap(
         sigma = noise.sigma * np.sqrt(dof / rng.chisquare(dof, size=n_resamples))
     else:
         sigma = np.full(n_resamples, noise.sigma)
+    parts = [_refit_chunk(fit, noise, series, sigma[part], rng) for part in _chunks(n_resamples, len(c_all))]
+    samples, var, phi = (np.concatenate(x) for x in zip(*parts, strict=True))
+    return samples, sigma, (var, phi)
+
+
+def _refit_chunk(
+    fit: SigmoidFit, noise: NoiseModel, series: list[np.ndarray], sigma: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Simulate and refit ``len(sigma)`` resamples: their (A, B, C_mid, R0) and residual statistics."""
+    n_resamples = len(sigma)
+    c_all, _ = fit.inputs
     dev = np.empty((n_resamples, len(c_all)))
     innov = np.sqrt(1.0 - noise.phi**2)
     for idx in series:
         z = rng.standard_normal((n_resamples, len(idx)))
-        e = np.empty_like(z)
-        e[:, 0] = z[:, 0]
-        for t in range(1, len(idx)):
-            e[:, t] = noise.phi * e[:, t - 1] + innov * z[:, t]
-        dev[:, idx] = e * sigma[:, None]
+        z[:, 1:] *= innov  # e_0 = z_0 (stationary start), e_t = phi e_(t-1) + innov z_t
+        dev[:, idx] = lfilter([1.0], [1.0, -noise.phi], z, axis=1) * sigma[:, None]
     base = c_all == c_all.min()
     r0_draws = fit.R0 + dev[:, base].mean(axis=1) if _r0_default(fit) == fit.R0 else np.full(n_resamples, fit.R0)
     log_x = np.log(c_all[fit.used])[None, :]
@@ -361,8 +462,8 @@ def correlated_bootstrap(
     theta[:, 2] = np.exp(theta[:, 2])
     curves = sigmoid(c_all[None, :], theta[:, :1], theta[:, 1:2], theta[:, 2:3], r0)
     sim = fit.predict(c_all)[None, :] + dev
-    stats_ = _residual_stats(sim - curves, series, _n_free(fit))
-    return np.column_stack([theta, r0_draws]), sigma, stats_
+    var, phi = _residual_stats(sim - curves, series, _n_free(fit))
+    return np.column_stack([theta, r0_draws]), var, phi
 
 
 def _debiased_noise(fit: SigmoidFit, raw: NoiseModel, n_resamples: int, seed: int) -> NoiseModel:
@@ -447,7 +548,9 @@ def _structure(fit: SigmoidFit, noise: NoiseModel) -> float:
     return float(np.mean(tail) / se) if se > 0 else 0.0
 
 
-def _verdict(fc: Forecast) -> Verdict:
+def _verdict(fc: Forecast, design: SigmoidFit | None = None) -> Verdict:
+    """``design``: the evaluations the noise model was measured on (``thin_runs``), where the
+    residual structure is judged with that noise model; default the fit itself."""
     f = fc.fit
     reasons = []
     c_fit = float(f.compute.max())
@@ -471,7 +574,7 @@ def _verdict(fc: Forecast) -> Verdict:
         trend = _error_trend(fc.backtests, fc.margin, c_fit)
         if trend is not None:
             more.append(trend)
-    z = _structure(f, fc.noise)
+    z = _structure(f if design is None else design, fc.noise)
     if abs(z) > STRUCTURE_Z:
         way = "above" if z > 0 else "below"
         reasons.append(
@@ -522,19 +625,22 @@ def forecast(
         raise FitError(f"n_resamples must be at least 20, got {n_resamples}")
     if eval_prompts is not None and eval_prompts < 1:
         raise FitError(f"eval_prompts must be a positive number of prompts, got {eval_prompts}")
+    if n_resamples > MAX_RESAMPLES:
+        raise FitError(f"n_resamples must be at most {MAX_RESAMPLES:,}, got {n_resamples:,}")
+    design = thin_runs(fit)  # the fit itself unless it has more than FORECAST_POINTS fitted points
     noise = _debiased_noise(
-        fit, noise_model(fit, eval_prompts, eval_samples), min(max(n_resamples // 4, 50), 100), seed
+        design, noise_model(design, eval_prompts, eval_samples), min(max(n_resamples // 4, 50), 100), seed
     )
-    samples, sigma_draws, _ = correlated_bootstrap(fit, noise, n_resamples, seed)
+    samples, sigma_draws, _ = correlated_bootstrap(design, noise, n_resamples, seed)
     ratio = _target_ratio(fit, target)
-    fc = Forecast(fit, level, noise, samples, sigma_draws, ratio, margin, seed=seed)
+    fc = Forecast(fit, level, noise, samples, sigma_draws, ratio, margin, seed=seed, refitted_points=design.n_points)
     if not backtest:
         return fc
-    fc.backtests = _backtests(fit, ratio, level, eval_prompts, eval_samples, seed)
+    fc.backtests = _backtests(design, ratio, level, eval_prompts, eval_samples, seed)
     zs = np.array([b.z for b in fc.backtests if np.isfinite(b.z)])
     # Only ever widen: backtests that happen to land close cannot make the model's band narrower.
     fc.calibration = max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
-    fc.verdict = _verdict(fc)
+    fc.verdict = _verdict(fc, design)
     return fc
 
 

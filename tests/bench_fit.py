@@ -1,12 +1,17 @@
 """``make bench-fit``: naive per-cell procedure vs scalefit's vectorised fit, same data and grid;
-the forecast (bands + backtests) of one curve; fit time and peak memory at 1k, 50k, 200k points."""
+the forecast (bands + backtests) of one curve; fit time and peak memory at 1k, 50k, 200k points;
+the whole ``python -m scalefit fit --seed-col seed`` path (fit + forecast) at 3 x 20,000,
+10 x 2,000 and 20 x 10,000 evaluations, its time and peak resident memory (target < 1.5 GB)."""
 
 from __future__ import annotations
 
 import os
 import platform
+import sys
+import tempfile
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
@@ -14,6 +19,10 @@ from scalefit import bootstrap, fit_sigmoid, forecast
 from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
 from scalefit.synthetic import TABLE1, synthetic_curve
 from tests.naive_fit import naive_fit
+from tests.scale_cases import run_measured, seeds_csv
+
+FORECAST_CASES = ((3, 20_000), (10, 2_000), (20, 10_000))  # seeds x evaluations per seed
+RSS_TARGET = 1.5e9
 
 
 def best_of(fn, repeat: int) -> tuple[float, object]:
@@ -69,8 +78,27 @@ def main() -> None:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         print(f"  n = {n:>7,}: {dt:7.2f} s, peak {peak / 2**20:7.1f} MiB (ceiling 500 MiB), A {f.A:.3f}")
+    print("fit + forecast, `python -m scalefit fit FILE --seed-col seed` (default grids, 1,000 resamples):")
+    for seeds, n in FORECAST_CASES:
+        forecast_path(seeds, n)
     if not np.isfinite(fit.sse):
         raise SystemExit("fit failed")
+
+
+def forecast_path(seeds: int, n: int) -> None:
+    """One CLI fit + forecast of ``seeds`` x ``n`` evaluations: wall time and peak RSS of the process."""
+    with tempfile.TemporaryDirectory() as tmp:
+        csv = seeds_csv(Path(tmp) / "curves.csv", seeds, n, n_prompts=200)
+        cmd = [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "gpu_hours", "--y", "mean_at_16"]
+        t = time.perf_counter()
+        rc, out, err, peak = run_measured([*cmd, "--seed-col", "seed"], Path(tmp))
+        dt = time.perf_counter() - t
+    a_line = next((line.strip() for line in out.splitlines() if line.strip().startswith("A ")), "")
+    status = a_line if rc == 0 else f"FAILED (exit {rc}): {err.strip().splitlines()[-1:]}"
+    print(
+        f"  {seeds:>2} x {n:>6,} = {seeds * n:>7,} points: {dt:6.1f} s, peak RSS {peak / 1e9:5.2f} GB "
+        f"(target < {RSS_TARGET / 1e9:.1f} GB)  {status}"
+    )
 
 
 if __name__ == "__main__":
