@@ -49,8 +49,8 @@ postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (i
 	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) postgresql || { apt-get update -qq && $(APT_INSTALL) postgresql; }; }; } || \
 	  { echo "error: the tests need Debian's PostgreSQL server: apt-get install postgresql"; exit 1; }
 
-tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (README: exposing it safely)
-	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT))
+tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] [AUTH=1: MLflow basic-auth] (docs/operations.md)
+	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT)) $(if $(AUTH),--auth)
 
 lint: $(FULL) ## ruff only
 	$(BIN)/ruff check .

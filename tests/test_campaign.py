@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -477,7 +478,10 @@ def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
 
 
 def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
-    """A real PostgreSQL (Debian's binaries) behind ``mlflow server``, three runs writing at once."""
+    """A real PostgreSQL (Debian's binaries) behind ``mlflow server`` with MLflow's basic
+    authentication (``tracking-server --auth``), three runs writing at once with the credentials
+    in their environment, as ``set -a; . credentials.env`` gives them; a stranger is refused."""
+    from runners.ops.auth import BasicAuth
     from runners.ops.postgres import PostgresCluster
     from runners.ops.tracking import local_server
 
@@ -485,11 +489,19 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
     pg_root = Path(tempfile.mkdtemp(prefix="prl-pg-", dir="/tmp"))  # reachable by the postgres user when root
     os.chmod(pg_root, 0o755)
     request.addfinalizer(lambda: shutil.rmtree(pg_root, ignore_errors=True))
+    auth = BasicAuth(pg_root / "auth").prepare()
     with (
         PostgresCluster(pg_root / "data", port=free_port()) as pg,
-        local_server(pg.uri, tmp_path / "artifacts-root", workers=2, log=lambda m: None) as url,
+        local_server(
+            pg.uri, tmp_path / "artifacts-root", workers=2, auth_env=auth.server_env(), log=lambda m: None
+        ) as url,
     ):
+        stranger = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(stranger, timeout=30)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        for key, value in auth.client_env().items():
+            monkeypatch.setenv(key, value)
         path = write_campaign(
             tmp_path / "pg.yaml",
             "tiny-pg",

@@ -104,8 +104,10 @@ def check_port(port: int, host: str, what: str, flag: str = "--port") -> None:
 
 
 def _die_with(parent: int):
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only makes system calls
+
     def preexec() -> None:  # runs in the child between fork and exec
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
         if os.getppid() != parent:  # the parent died before the signal was armed
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -114,7 +116,9 @@ def _die_with(parent: int):
 
 def spawn(cmd: list[str], token: str, env: dict[str, str], out=None) -> subprocess.Popen:
     """Start a server in a session of its own, marked with ``token``; on Linux it gets SIGTERM
-    when this process dies. ``out``: a file for its output (default: this process's)."""
+    when the thread that started it ends, with its process or alone (so start it from a thread
+    that outlives it, as the ``with`` block of ``tracking.serve`` does). ``out``: a file for its
+    output (default: this process's)."""
     return subprocess.Popen(
         cmd,
         stdout=out,
