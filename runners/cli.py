@@ -230,7 +230,7 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
     record = root / "tracking-server.json"
     lock = FileLock(root / "tracking-server.lock")
     try:
-        lock.acquire(timeout=0)
+        owned = lock.acquire(timeout=0)  # released when this process ends, however it ends
     except Timeout:
         with contextlib.suppress(OSError, ValueError):
             held = json.loads(record.read_text())
@@ -239,12 +239,12 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
                 f"use it, stop it (kill {held['owner']}), or pass another --root"
             ) from None
         raise ServerError(f"a tracking server of {root} runs already (it holds {lock.lock_file})") from None
-    with lock, contextlib.ExitStack() as stack:
+    with owned, contextlib.ExitStack() as stack, contextlib.suppress(KeyboardInterrupt):
         record.write_text(json.dumps({**owner(), "port": args.port}))
         stack.callback(record.unlink, missing_ok=True)
-        # nothing else owns ROOT: whatever of it still runs was left by an owner killed with kill -9
-        stop_stale_servers(args.db_uri or "postgresql://", root / "artifacts", log=print)
         pg = PostgresCluster(root / "pgdata", port=args.pg_port or free_port()) if args.db_uri is None else None
+        # nothing else owns ROOT: whatever of it still runs was left by an owner killed with kill -9
+        stop_stale_servers(args.db_uri or pg.uri, root / "artifacts", log=print)
         if pg is not None:
             pg.stop_leftover(log=print)
         check_port(args.port, args.host, "tracking-server")
@@ -272,9 +272,8 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
                 f"set -a; . {auth.credentials}; set +a   (user {auth.client_env()['MLFLOW_TRACKING_USERNAME']})",
                 flush=True,
             )
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+        while True:
+            time.sleep(3600)
     return 0
 
 

@@ -138,7 +138,8 @@ def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9
     assert stat.S_IMODE(creds.stat().st_mode) == 0o600 and stat.S_IMODE((root / "auth").stat().st_mode) == 0o700
     env = dict(line.split("=", 1) for line in creds.read_text().splitlines() if not line.startswith("#"))
     user, password = env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]
-    assert password not in " ".join(" ".join(p.cmdline()) for p in psutil.process_iter())  # on no command line
+    cmdlines = " ".join(" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    assert password not in cmdlines  # on no command line
 
     assert _rest(url, "experiments/create", {"name": "stranger"}) == 401
     assert _rest(url, "experiments/create", {"name": "stranger"}, (user, "wrong")) == 401
