@@ -49,8 +49,8 @@ postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (i
 	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) postgresql || { apt-get update -qq && $(APT_INSTALL) postgresql; }; }; } || \
 	  { echo "error: the tests need Debian's PostgreSQL server: apt-get install postgresql"; exit 1; }
 
-tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] (docs/operations.md: exposing it safely)
-	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT))
+tracking-server: $(STAMP) postgres ## shared MLflow server on PostgreSQL, 127.0.0.1:5001 [PORT=] [AUTH=1: MLflow basic-auth] (docs/operations.md)
+	$(BIN)/python -m runners tracking-server $(if $(filter-out 5000,$(PORT)),--port $(PORT)) $(if $(AUTH),--auth)
 
 lint: $(FULL) ## ruff only
 	$(BIN)/ruff check .
@@ -58,7 +58,7 @@ lint: $(FULL) ## ruff only
 fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → artifacts/fit-demo/{fit.json,fit.png}
 	$(BIN)/python -m scalefit demo --out artifacts/fit-demo
 
-bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; fit time and memory at 1k-200k points; fit + forecast peak RSS up to 200k points
+bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; time and memory at 1k-200k points
 	$(BIN)/python -m tests.bench_fit
 
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/

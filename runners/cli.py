@@ -10,6 +10,7 @@ from pathlib import Path
 
 from runners.ops.campaign import CampaignError
 from runners.ops.postgres import PostgresError
+from runners.ops.servers import ServerError
 from runners.ops.store import StoreError
 from runners.recipe import RecipeError, load_recipe, parse_override
 
@@ -147,19 +148,42 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    """Stop a server a killed campaign left on the store, then become ``mlflow ui`` over it."""
+    """``mlflow ui`` over the store, after the servers killed runs left on it are stopped; its
+    whole process tree stops with it, and it fails (exit 1) if the UI stops on its own."""
+    import signal
+
     from runners.ops.store import default_tracking_uri
-    from runners.ops.tracking import TRACKING_ONLY, server_record, stop_stale_server
+    from runners.ops.tracking import TRACKING_ONLY, exit_reason, serve
 
     uri = args.tracking_uri or default_tracking_uri()
     if uri.startswith(("http://", "https://")):
         print(f"error: {uri} is a tracking server: it serves its own UI, open it in a browser", file=sys.stderr)
         return 2
-    if uri.startswith("sqlite:///"):
-        stop_stale_server(server_record(uri, Path("artifacts")), log=print)
-    print(f"MLflow UI: http://127.0.0.1:{args.port}  (store {uri})", flush=True)
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt  # a SIGTERM stops the UI as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop)
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--workers", "1"]
-    os.execve(sys.executable, [*cmd, "--port", str(args.port)], os.environ | TRACKING_ONLY)
+    try:
+        with serve(
+            [*cmd, "--port", str(args.port)],
+            uri,
+            Path("artifacts"),
+            port=args.port,
+            record_name=f"ui-{args.port}",
+            what="the MLflow UI",
+            env=os.environ | TRACKING_ONLY,
+        ) as proc:
+            print(f"MLflow UI: http://127.0.0.1:{args.port}  (store {uri}; Ctrl-C stops it)", flush=True)
+            code = proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    print(
+        f"error: the MLflow UI (pid {proc.pid}) stopped on its own ({exit_reason(code)}); so did its workers",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -177,11 +201,18 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_tracking_server(args: argparse.Namespace) -> int:
+    """PostgreSQL (unless --db-uri) and ``mlflow server`` in front of it, owned by this process
+    (a lock in ROOT): what an owner killed with ``kill -9`` left is stopped first."""
     import contextlib
+    import json
     import signal
 
+    from filelock import FileLock, Timeout
+
+    from runners.ops.auth import BasicAuth
     from runners.ops.postgres import PostgresCluster
-    from runners.ops.tracking import free_port, local_server
+    from runners.ops.servers import check_port, owner
+    from runners.ops.tracking import free_port, local_server, stop_stale_servers
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt  # a SIGTERM stops MLflow and PostgreSQL as Ctrl-C does
@@ -190,23 +221,59 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(
-            f"warning: binding {args.host}: anyone who reaches this port can read and write every run; "
-            "put it behind auth or an SSH tunnel (docs/operations.md: shared tracking server)",
+            f"warning: binding {args.host}: anyone who reaches this port can "
+            + ("log in with a user's password" if args.auth else "read and write every run")
+            + "; put it behind TLS or an SSH tunnel (docs/operations.md: tracking-server security)",
             file=sys.stderr,
         )
-    with contextlib.ExitStack() as stack:
+    root.mkdir(parents=True, exist_ok=True)
+    record = root / "tracking-server.json"
+    lock = FileLock(root / "tracking-server.lock")
+    try:
+        owned = lock.acquire(timeout=0)  # released when this process ends, however it ends
+    except Timeout:
+        with contextlib.suppress(OSError, ValueError):
+            held = json.loads(record.read_text())
+            raise ServerError(
+                f"a tracking server of {root} runs already (pid {held['owner']}, MLflow port {held['port']}): "
+                f"use it, stop it (kill {held['owner']}), or pass another --root"
+            ) from None
+        raise ServerError(f"a tracking server of {root} runs already (it holds {lock.lock_file})") from None
+    with owned, contextlib.ExitStack() as stack, contextlib.suppress(KeyboardInterrupt):
+        record.write_text(json.dumps({**owner(), "port": args.port}))
+        stack.callback(record.unlink, missing_ok=True)
+        pg = PostgresCluster(root / "pgdata", port=args.pg_port or free_port()) if args.db_uri is None else None
+        # nothing else owns ROOT: whatever of it still runs was left by an owner killed with kill -9
+        stop_stale_servers(args.db_uri or pg.uri, root / "artifacts", log=print)
+        if pg is not None:
+            pg.stop_leftover(log=print)
+        check_port(args.port, args.host, "tracking-server")
+        if args.pg_port:
+            check_port(args.pg_port, "127.0.0.1", "tracking-server (PostgreSQL)", flag="--pg-port")
+        auth = BasicAuth(root / "auth").prepare() if args.auth else None
         db = args.db_uri
-        if db is None:
-            pg = stack.enter_context(PostgresCluster(root / "pgdata", port=args.pg_port or free_port()))
-            db = pg.uri
+        if pg is not None:
+            db = stack.enter_context(pg).uri
             print(f"PostgreSQL {db} (data {root / 'pgdata'})", flush=True)
         url = stack.enter_context(
-            local_server(db, root / "artifacts", port=args.port, host=args.host, workers=args.workers)
+            local_server(
+                db,
+                root / "artifacts",
+                port=args.port,
+                host=args.host,
+                workers=args.workers,
+                auth_env=auth.server_env() if auth else None,
+            )
         )
         print(f"MLflow tracking server {url}: export MLFLOW_TRACKING_URI={url}   (Ctrl-C stops it)", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while True:
-                time.sleep(3600)
+        if auth is not None:
+            print(
+                f"basic authentication on: every request needs a user's password; clients: "
+                f"set -a; . {auth.credentials}; set +a   (user {auth.client_env()['MLFLOW_TRACKING_USERNAME']})",
+                flush=True,
+            )
+        while True:
+            time.sleep(3600)
     return 0
 
 
@@ -276,9 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser(
         "ui",
         help="the MLflow UI over the store (make ui); first stops a server a killed campaign left on it",
-        description="Stop a tracking server that a killed campaign left running on the store, then run "
+        description="Stop the servers that killed campaigns or UIs left running on the store, then run "
         "`mlflow ui` over it on 127.0.0.1 (tracking only: no GenAI job runner; to share runs, use "
-        "`tracking-server`). Ctrl-C stops it.",
+        "`tracking-server`). A port in use is an error naming its pid. Ctrl-C stops it; exit 1 if the "
+        "UI stops on its own.",
     )
     u.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
@@ -295,6 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("--port", type=int, default=5001, help="MLflow port (default 5001)")
     ts.add_argument("--pg-port", type=int, help="PostgreSQL port (default: a free one)")
     ts.add_argument("--workers", type=int, default=4, help="MLflow server workers (default 4)")
+    ts.add_argument(
+        "--auth",
+        action="store_true",
+        help="MLflow's basic authentication: every request needs a user's password (the admin's is "
+        "generated into ROOT/auth/credentials.env, mode 0600)",
+    )
     ts.set_defaults(func=cmd_tracking_server)
     return p
 
@@ -303,6 +377,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RecipeError, CampaignError, FileNotFoundError, PostgresError, StoreError) as e:
+    except (RecipeError, CampaignError, FileNotFoundError, PostgresError, ServerError, StoreError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -477,7 +478,10 @@ def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
 
 
 def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
-    """A real PostgreSQL (Debian's binaries) behind ``mlflow server``, three runs writing at once."""
+    """A real PostgreSQL (Debian's binaries) behind ``mlflow server`` with MLflow's basic
+    authentication (``tracking-server --auth``), three runs writing at once with the credentials
+    in their environment, as ``set -a; . credentials.env`` gives them; a stranger is refused."""
+    from runners.ops.auth import BasicAuth
     from runners.ops.postgres import PostgresCluster
     from runners.ops.tracking import local_server
 
@@ -485,11 +489,19 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
     pg_root = Path(tempfile.mkdtemp(prefix="prl-pg-", dir="/tmp"))  # reachable by the postgres user when root
     os.chmod(pg_root, 0o755)
     request.addfinalizer(lambda: shutil.rmtree(pg_root, ignore_errors=True))
+    auth = BasicAuth(pg_root / "auth").prepare()
     with (
         PostgresCluster(pg_root / "data", port=free_port()) as pg,
-        local_server(pg.uri, tmp_path / "artifacts-root", workers=2, log=lambda m: None) as url,
+        local_server(
+            pg.uri, tmp_path / "artifacts-root", workers=2, auth_env=auth.server_env(), log=lambda m: None
+        ) as url,
     ):
+        stranger = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
+        with pytest.raises(urllib.error.HTTPError, match="401"):
+            urllib.request.urlopen(stranger, timeout=30)
         monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+        for key, value in auth.client_env().items():
+            monkeypatch.setenv(key, value)
         path = write_campaign(
             tmp_path / "pg.yaml",
             "tiny-pg",
@@ -513,8 +525,10 @@ def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, 
         assert_ran_together(lines, client, children)
 
 
-def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int]:
-    """A local server whose campaign was killed with SIGKILL: (its record, its pid)."""
+def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int, int]:
+    """A local server whose campaign was killed with SIGKILL together with the server's main
+    process (``kill -9`` of both, the OOM killer): its record, the main pid and the pid of the
+    uvicorn worker left running."""
     from runners.ops.tracking import server_record
 
     starter = subprocess.Popen(
@@ -533,11 +547,15 @@ def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int]:
     deadline = time.time() + 120
     while not record.is_file() and time.time() < deadline:
         time.sleep(0.5)
-    stale_pid = json.loads(record.read_text())["pid"]
-    starter.kill()  # SIGKILL: no finally block runs
+    info = json.loads(record.read_text())
+    _wait_healthy(f"http://127.0.0.1:{info['port']}")
+    main = psutil.Process(info["pid"])
+    (worker,) = main.children()
+    main.kill()  # SIGKILL: no finally block runs, no signal reaches the worker
+    starter.kill()
     starter.wait()
-    assert psutil.pid_exists(stale_pid)  # the fault: the server outlives its campaign
-    return record, stale_pid
+    assert worker.is_running()  # the fault: the worker outlives its server and its campaign
+    return record, info["pid"], worker.pid
 
 
 def _gone(pid: int) -> bool:
@@ -545,23 +563,25 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
-    """kill -9 of the process that started a local server leaves the server running (its own
-    process group); the next server for the same store finds it through its record and stops it."""
+    """kill -9 of the process that started a local server and of the server's main process leaves
+    its uvicorn worker serving (a child of init); the next server for the same store finds it
+    through its record (the token in its environment) and stops it. Before, the record was
+    dropped because the main process was dead, and the worker leaked."""
     from runners.ops.tracking import local_server
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    record, stale_pid = _stale_server(tmp_path, store)
+    record, stale_pid, worker = _stale_server(tmp_path, store)
     said = []
     with local_server(store, tmp_path / "art-b", log=said.append) as url:
-        assert _gone(stale_pid)
-        assert any("stopping a stale MLflow server" in m and str(stale_pid) in m for m in said)
+        assert _gone(stale_pid) and _gone(worker)
+        assert any("stopping a stale MLflow server" in m and str(worker) in m for m in said)
         assert MlflowClient(url).search_experiments()  # the new one serves the store
     assert not record.exists()  # a clean stop leaves no record
 
 
 def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    _, stale_pid = _stale_server(tmp_path, store)
+    _, stale_pid, worker = _stale_server(tmp_path, store)
     port = free_port()
     log = tmp_path / "ui.log"
     with log.open("w") as out:
@@ -574,8 +594,8 @@ def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
     try:
         _wait_healthy(f"http://127.0.0.1:{port}")
         said = log.read_text()
-        assert "stopping a stale MLflow server" in said and str(stale_pid) in said
-        assert _gone(stale_pid)
+        assert "stopping a stale MLflow server" in said and str(worker) in said
+        assert _gone(stale_pid) and _gone(worker)
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)

@@ -1,19 +1,30 @@
-"""The tracking server's PostgreSQL lets no one in but MLflow's own role (issue: trust authentication)."""
+"""The tracking server's PostgreSQL lets no one in but MLflow's own role (issue: trust authentication);
+`make tracking-server` survives a kill -9 of its owner and, with --auth, refuses strangers (issue 27)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
 import sqlalchemy
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from runners.ops.postgres import ROLE, PostgresCluster, find_bin
-from runners.ops.tracking import free_port
+from runners.ops.tracking import MlflowSink, free_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another local user (runuser)")
 
@@ -83,3 +94,106 @@ def test_a_cluster_made_with_trust_is_locked_on_its_next_start(cluster):
     with engine.connect() as conn:
         assert conn.execute(sqlalchemy.text("select 1")).scalar() == 1
     engine.dispose()
+
+
+# --- make tracking-server: owned, restartable after kill -9, basic authentication (issue 27) ---------
+
+
+def _start_tracking_server(root: Path, port: int, log: Path) -> subprocess.Popen:
+    with log.open("a") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "runners", "tracking-server", "--root", str(root), "--port", str(port)]
+            + ["--workers", "1", "--auth"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parent.parent,
+        )
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while text not in log.read_text():
+        assert proc.poll() is None, log.read_text()
+        assert time.time() < deadline, log.read_text()
+        time.sleep(0.5)
+
+
+def _rest(url: str, path: str, body: dict, auth: tuple[str, str] | None = None) -> int:
+    req = urllib.request.Request(
+        f"{url}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9(request, monkeypatch):
+    """`tracking-server --auth`: a REST request without the generated credentials is refused (401;
+    before, any local account created and deleted experiments), with them it works, and an MLflow
+    client given them in its environment (as a campaign's runs get them) logs a run. kill -9 of the
+    owner left PostgreSQL (and MLflow) running, and the next start failed with 'pg_ctl: another
+    server might be running'; now the next start stops what it left and serves the same store."""
+    root = Path(tempfile.mkdtemp(prefix="prl-ts-", dir="/tmp"))  # reachable by the postgres user
+    os.chmod(root, 0o755)
+    request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
+    port, log = free_port(), root / "ts.log"
+    url = f"http://127.0.0.1:{port}"
+    first = _start_tracking_server(root, port, log)
+    request.addfinalizer(lambda: first.poll() is None and first.kill())
+    _wait_for(log, "basic authentication on", first)
+    creds = root / "auth" / "credentials.env"
+    assert stat.S_IMODE(creds.stat().st_mode) == 0o600 and stat.S_IMODE((root / "auth").stat().st_mode) == 0o700
+    env = dict(line.split("=", 1) for line in creds.read_text().splitlines() if not line.startswith("#"))
+    user, password = env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"]
+    cmdlines = " ".join(" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    assert password not in cmdlines  # on no command line
+
+    assert _rest(url, "experiments/create", {"name": "stranger"}) == 401
+    assert _rest(url, "experiments/create", {"name": "stranger"}, (user, "wrong")) == 401
+    assert _rest(url, "experiments/create", {"name": "owner"}, (user, password)) == 200
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with pytest.raises(MlflowException, match="401|not authenticated"):
+        MlflowClient(url).search_experiments()
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", password)
+    client = MlflowClient(url)
+    exp = client.create_experiment("tracked")
+    run_id = client.create_run(exp).info.run_id
+    sink = MlflowSink(client, run_id, log=lambda m: None)  # the sink a campaign's runs log through
+    sink({"train/loss": 0.5}, 1)
+    (root / "note.txt").write_text("artifact")
+    client.log_artifact(run_id, str(root / "note.txt"))  # through the server's artifact proxy
+    client.set_terminated(run_id)
+
+    second = subprocess.run(  # a second owner of the same root is refused, naming the first
+        [sys.executable, "-m", "runners", "tracking-server", "--root", str(root), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert second.returncode == 2 and f"runs already (pid {first.pid}, MLflow port {port})" in second.stderr
+
+    pg_pid = int((root / "pgdata" / "postmaster.pid").read_text().split()[0])
+    first.kill()  # kill -9 of the owner: PostgreSQL stays up, with no owner
+    first.wait()
+    assert psutil.pid_exists(pg_pid)
+    log = root / "ts-again.log"
+    again = _start_tracking_server(root, port, log)
+    request.addfinalizer(lambda: again.poll() is None and again.kill())
+    _wait_for(log, "basic authentication on", again)
+    assert f"stopping PostgreSQL (pid {pg_pid}" in log.read_text() and not psutil.pid_exists(pg_pid)
+    run = client.get_run(run_id)  # the same store, the same credentials
+    assert run.data.metrics == {"train/loss": 0.5} and run.info.status == "FINISHED"
+    assert [a.path for a in client.list_artifacts(run_id)] == ["note.txt"]
+    assert _rest(url, "experiments/delete", {"experiment_id": exp}) == 401
+
+    pg_pid = int((root / "pgdata" / "postmaster.pid").read_text().split()[0])
+    again.send_signal(signal.SIGTERM)  # a clean stop takes PostgreSQL and every MLflow process along
+    assert again.wait(timeout=120) == 0
+    assert not psutil.pid_exists(pg_pid) and not (root / "pgdata" / "postmaster.pid").exists()
+    assert not [p for p in psutil.net_connections("inet") if p.status == "LISTEN" and p.laddr.port == port]

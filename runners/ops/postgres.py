@@ -11,6 +11,9 @@ connects as ``mlflow``, a role that is no superuser and owns only its database, 
 secret kept in a libpq password file (mode 0600) beside the data folder; the URI names the file,
 never the secret, so the secret is not on any command line. A cluster made by an older version
 with ``trust`` authentication is switched over on its next start.
+
+A server that runs on the data folder already (``postmaster.pid``) is refused with the command
+that stops it; ``stop_leftover`` stops one that a killed tracking server left.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+
+import psutil
 
 ROLE = "mlflow"  # the role MLflow connects as
 HBA = (
@@ -71,7 +76,47 @@ class PostgresCluster:
             raise PostgresError(f"{' '.join(cmd[:2])} failed: {(res.stderr or res.stdout).strip()[-500:]}")
         return res
 
+    def running(self) -> tuple[int, int] | None:
+        """(pid, port) of the PostgreSQL server that runs on this data folder (its ``postmaster.pid``), or None."""
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+            pid, port = int(lines[0]), int(lines[3])
+            proc = psutil.Process(pid)
+            try:  # the postmaster works in its data folder; a reused pid does not
+                ours = Path(proc.cwd()).resolve() == self.data_dir
+            except psutil.AccessDenied:  # another user's process, seen without root
+                ours = proc.name() in ("postgres", "postmaster")
+            if ours and proc.status() != psutil.STATUS_ZOMBIE:
+                return pid, port
+        except (OSError, ValueError, IndexError, psutil.Error):
+            pass
+        return None
+
+    @property
+    def stop_command(self) -> str:
+        pg_ctl = f"{find_bin('pg_ctl')} -D {self.data_dir} -m fast stop"
+        return f"runuser -u {self.user} -- {pg_ctl}" if self.user else pg_ctl
+
+    def stop_leftover(self, log=print) -> None:
+        """Stop a server left running on this data folder by a tracking server that was killed
+        (its caller knows no live process owns it)."""
+        found = self.running()
+        if found is None:
+            return
+        log(
+            f"stopping PostgreSQL (pid {found[0]}, port {found[1]}) left running on {self.data_dir} "
+            "by a tracking server that was killed"
+        )
+        self.stop()
+        if self.running() is not None:
+            raise PostgresError(f"PostgreSQL (pid {found[0]}) on {self.data_dir} did not stop: {self.stop_command}")
+
     def start(self) -> PostgresCluster:
+        if (found := self.running()) is not None:
+            raise PostgresError(
+                f"PostgreSQL already runs on {self.data_dir} (pid {found[0]}, port {found[1]}); "
+                f"stop it first: {self.stop_command}"
+            )
         if self.user:  # the data folder must be reachable by the postgres user
             self.data_dir.parent.mkdir(parents=True, exist_ok=True)
             os.chmod(self.data_dir.parent, 0o755)
