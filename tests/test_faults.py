@@ -189,3 +189,27 @@ def test_gpus_one_or_more_still_parse():
 
     assert build_parser().parse_args(["train", "scalerl"]).gpus == 1
     assert build_parser().parse_args(["train", "scalerl", "--gpus", "2"]).gpus == 2
+
+
+def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
+    """A full disk cuts an evaluation's line in metrics.jsonl and samples.jsonl; after space is
+    freed the re-run's line for that step starts on a line of its own, so readers skip only the
+    cut one (before, the two were glued into one unreadable line and the step was lost)."""
+    from runners.ops.folders import append_json_line
+    from runners.ops.tracking import samples_table
+    from runners.rl.train import metric_records
+
+    pad = "x" * 2500
+    with tmpfs(tmp_path / "disk", 8) as disk:  # two pages: one a file
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            append_json_line(disk / name, {"step": 0, "samples": [{"completion": pad}]})
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = disk / name
+            with pytest.raises(OSError, match="No space left"), path.open("a") as fh:  # as the run wrote it
+                fh.write(json.dumps({"step": 2, "samples": [{"completion": pad}]}) + "\n")
+            assert not path.read_bytes().endswith(b"\n")  # cut short
+        _remount(disk, "size=64k")
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            append_json_line(disk / name, {"step": 2, "samples": [{"completion": "again"}]})
+        assert [r["step"] for r in metric_records(disk / "metrics.jsonl")] == [0, 2]
+        assert samples_table(disk / "samples.jsonl")["completion"].tolist() == [pad, "again"]

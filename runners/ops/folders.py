@@ -1,5 +1,6 @@
 """A run folder's filesystem faults, each as one line that names the folder and the fix: a folder
-this process cannot write (checked before anything loads) and a disk that fills up mid-run.
+this process cannot write (checked before anything loads) and a disk that fills up mid-run; and
+appending to a JSON-lines file so that a line a full disk or a kill cut short never swallows the next.
 
 A full disk surfaces as ``OSError(ENOSPC)``, or wrapped by torch's zip writer as
 ``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos`` or ``basic_ios::clear:
@@ -12,9 +13,12 @@ and resumes from the one before (``runners.rl.train.last_complete_checkpoint``).
 from __future__ import annotations
 
 import errno
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 # What torch's and safetensors' writers say when a write comes up short (the reason is not kept).
 WRITER_FAILURES = ("unexpected pos", "iostream error", "file write failed", "no space left", "storagefull")
@@ -88,3 +92,16 @@ def disk_full(exc: BaseException, folder: Path, then: str) -> RunFolderError | N
         f"({type(exc).__name__}: {what}); free space there or train into another folder (--run-dir), "
         f"then re-run: {then}"
     )
+
+
+def append_json_line(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line. A last line cut short (a full disk, a kill) is ended
+    first, so readers skip it alone instead of losing the new line glued onto it."""
+    line = json.dumps(record) + "\n"
+    with Path(path).open("a+b") as fh:  # writes go to the end whatever was read
+        end = fh.seek(0, os.SEEK_END)
+        if end:
+            fh.seek(end - 1)
+            if fh.read(1) != b"\n":
+                line = "\n" + line
+        fh.write(line.encode())

@@ -32,7 +32,7 @@ from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
 from runners.ops.campaign import STOP_FILE
-from runners.ops.folders import RunFolderError, check_writable, disk_full
+from runners.ops.folders import RunFolderError, append_json_line, check_writable, disk_full
 from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from runners.recipe import Recipe, RecipeError
 from runners.rl.evaluation import evaluate
@@ -185,8 +185,7 @@ class Progress(TrainerCallback):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # evaluation's KV cache is the run's peak; give it back to packed neighbours
         if self.trainer.accelerator.is_main_process:
-            with (self.run_dir / "samples.jsonl").open("a") as fh:
-                fh.write(json.dumps({"step": step, "samples": m.pop("samples")}) + "\n")
+            append_json_line(self.run_dir / "samples.jsonl", {"step": step, "samples": m.pop("samples")})
         record = {
             MEAN_AT_16: m["mean_at_k"],
             PASS_AT_16: m["pass_at_k"],
@@ -199,8 +198,7 @@ class Progress(TrainerCallback):
             **{k: v for k, v in self.eval_profiler.pop().items() if k.startswith("memory/evaluation")},
         }
         if self.trainer.accelerator.is_main_process:
-            with self.metrics_path.open("a") as fh:
-                fh.write(json.dumps({"step": step, **record}) + "\n")
+            append_json_line(self.metrics_path, {"step": step, **record})
             for sink in self.sinks:
                 sink(record, step)
             if m["mean_at_k"] > self.best:
