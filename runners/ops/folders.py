@@ -30,11 +30,13 @@ class RunFolderError(RuntimeError):
 
 
 def _size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
         n /= 1024
-    raise AssertionError  # unreachable
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
 
 
 def check_writable(folder: Path) -> None:
@@ -86,10 +88,11 @@ def disk_full(exc: BaseException, folder: Path, then: str) -> RunFolderError | N
     if not (enospc or (writer and nearly_full)):
         return None
     space = f" ({_size(usage.free)} free of {_size(usage.total)})" if usage is not None else ""
-    what = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else ""
+    text = str(exc).strip()
+    what = f"{type(exc).__name__}: {text.splitlines()[0][:120]}" if text else type(exc).__name__
     return RunFolderError(
         f"disk full: no space left on the filesystem of {folder}{space} "
-        f"({type(exc).__name__}: {what}); free space there or train into another folder (--run-dir), "
+        f"({what}); free space there or train into another folder (--run-dir), "
         f"then re-run: {then}"
     )
 
