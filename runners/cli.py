@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from runners.ops.campaign import CampaignError
+from runners.ops.folders import RunFolderError, check_writable
 from runners.ops.postgres import PostgresError
 from runners.ops.servers import ServerError
 from runners.ops.store import StoreError
@@ -70,6 +71,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if main_process:
             print(m, flush=True)
 
+    check_writable(run_dir)  # before an MLflow run is made or a model loaded
     log(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}")
     t0 = time.perf_counter()
     if main_process and not args.untracked:
@@ -277,6 +279,17 @@ def cmd_tracking_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def device_count(text: str) -> int:
+    """``--gpus``: a whole number of devices, 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of devices") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: pass 1 (one device, the default) or more to spread the run")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runners", description="RL runs of ScaleRL-style recipes on TRL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -304,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--untracked", action="store_true", help="write metrics.jsonl only, no MLflow run")
     t.add_argument(
         "--gpus",
-        type=int,
+        type=device_count,
         default=1,
         help="spread the run over N devices with accelerate (DDP): N GPUs, or N CPU processes without GPUs",
     )
@@ -377,6 +390,6 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RecipeError, CampaignError, FileNotFoundError, PostgresError, ServerError, StoreError) as e:
+    except (RecipeError, CampaignError, FileNotFoundError, PostgresError, ServerError, StoreError, RunFolderError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pandas as pd
 from mlflow.entities import Param, Run
+from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
 from mlflow.tracking import MlflowClient
+from mlflow.utils.uri import is_local_uri
 
 DEFAULT_STORE = "mlflow.db"
 
@@ -64,6 +66,8 @@ def existing_store(uri: str) -> str:
     """``uri`` unchanged when there is a store to read: a ``sqlite:///`` path must be an SQLite file
     holding MLflow's tables. MLflow itself would create an empty store at a mistyped path (and
     report no runs), or migrate any other SQLite file into one."""
+    if is_local_uri(uri) and not MLFLOW_ALLOW_FILE_STORE.get():  # a path: MLflow's retired file store
+        raise StoreError(not_a_tracking_uri(uri))
     if not uri.startswith("sqlite:///"):
         return uri  # a server or database: its own errors name it
     path = Path(uri.removeprefix("sqlite:///").split("?")[0])
@@ -80,6 +84,15 @@ def existing_store(uri: str) -> str:
     if not {"experiments", "runs", "metrics"} <= tables:
         raise StoreError(f"{path} is not an MLflow store: an SQLite database without MLflow's tables")
     return uri
+
+
+def not_a_tracking_uri(uri: str) -> str:
+    """Why a path is no tracking URI (MLflow would take it for its retired file store and raise),
+    and what to pass instead: the sqlite:/// URI of an SQLite file, --curves for a CSV."""
+    path = Path(uri.removeprefix("file://").removeprefix("file:"))
+    store = "sqlite:///PATH" if path.suffix == ".csv" else f"sqlite:///{path.resolve()}"
+    curves = f"to fit a curves.csv, pass it as --curves {path}; " if path.suffix == ".csv" else ""
+    return f"{uri} is not a tracking URI: {curves}name an SQLite store as {store} or a server as http://HOST:PORT"
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> None:

@@ -342,6 +342,9 @@ def samples_table(path: Path):
         return None
     import pandas as pd
 
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):  # a line a kill or a full disk cut short
+            records.append(json.loads(line))
     rows = [{"step": r["step"], **sample} for r in records for sample in r.get("samples", [])]
     return pd.DataFrame(rows) if rows else None

@@ -32,6 +32,7 @@ from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
 from runners.ops.campaign import STOP_FILE
+from runners.ops.folders import RunFolderError, append_json_line, check_writable, disk_full
 from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from runners.recipe import Recipe, RecipeError
 from runners.rl.evaluation import evaluate
@@ -47,12 +48,12 @@ STATE_FILE = "prl_state.json"
 MetricsSink = Callable[[dict[str, float], int], None]
 
 
-class ResumeError(RuntimeError):
+class ResumeError(RunFolderError):
     """A run has history but nothing whole to resume from: restarting would splice two runs."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
-        super().__init__(f"{reason}. Delete the run folder (and its MLflow run) to start it over")
+        super().__init__(f"{reason}. To start it over, delete the run folder or move it aside")
 
 
 def _file_problem(path: Path) -> str | None:
@@ -91,6 +92,14 @@ def last_complete_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
             return ckpt, skipped
         skipped.append(f"{ckpt.name}: {problem}")
     return None, skipped
+
+
+def _what_a_rerun_does(ckpt_dir: Path) -> str:
+    """Where a re-run of a run that stopped now starts (for the disk-full message)."""
+    last, _ = last_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else (None, [])
+    if last is None:
+        return "no checkpoint is complete yet, so the run starts over (untracked: delete its folder first)"
+    return f"it resumes from {last.name} (a checkpoint cut short is skipped)"
 
 
 def reward_setup(recipe: Recipe) -> tuple[list, list[float]]:
@@ -176,8 +185,7 @@ class Progress(TrainerCallback):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # evaluation's KV cache is the run's peak; give it back to packed neighbours
         if self.trainer.accelerator.is_main_process:
-            with (self.run_dir / "samples.jsonl").open("a") as fh:
-                fh.write(json.dumps({"step": step, "samples": m.pop("samples")}) + "\n")
+            append_json_line(self.run_dir / "samples.jsonl", {"step": step, "samples": m.pop("samples")})
         record = {
             MEAN_AT_16: m["mean_at_k"],
             PASS_AT_16: m["pass_at_k"],
@@ -190,8 +198,7 @@ class Progress(TrainerCallback):
             **{k: v for k, v in self.eval_profiler.pop().items() if k.startswith("memory/evaluation")},
         }
         if self.trainer.accelerator.is_main_process:
-            with self.metrics_path.open("a") as fh:
-                fh.write(json.dumps({"step": step, **record}) + "\n")
+            append_json_line(self.metrics_path, {"step": step, **record})
             for sink in self.sinks:
                 sink(record, step)
             if m["mean_at_k"] > self.best:
@@ -334,7 +341,7 @@ def train(
 ) -> dict[str, Any]:
     """Run (or resume) one recipe; returns the final evaluation and compute."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(run_dir)
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     disable_progress_bars()
     if torch.cuda.is_available():
@@ -399,6 +406,11 @@ def train(
             f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is "
             f"{largest_part(estimate(recipe))}. Finished steps are checkpointed; re-running resumes."
         ) from e
+    except Exception as e:
+        full = disk_full(e, run_dir, _what_a_rerun_does(ckpt_dir))
+        if full is None:
+            raise
+        raise full from e
     final = {"val/best_mean_at_16": progress.best, **progress.compute()}
     if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
         return {**final, "stopped_at_step": progress.stopped_at}

@@ -1,0 +1,110 @@
+"""A run folder's filesystem faults, each as one line that names the folder and the fix: a folder
+this process cannot write (checked before anything loads) and a disk that fills up mid-run; and
+appending to a JSON-lines file so that a line a full disk or a kill cut short never swallows the next.
+
+A full disk surfaces as ``OSError(ENOSPC)``, or wrapped by torch's zip writer as
+``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos`` or ``basic_ios::clear:
+iostream error``, which say nothing of space; such a writer error is taken for a full disk when the
+folder's filesystem has (almost) nothing left (``shutil.disk_usage``), and its text is kept in the
+message. The checkpoint it cut short has no ``prl_state.json`` (written last), so a re-run skips it
+and resumes from the one before (``runners.rl.train.last_complete_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# What torch's and safetensors' writers say when a write comes up short (the reason is not kept).
+WRITER_FAILURES = ("unexpected pos", "iostream error", "file write failed", "no space left", "storagefull")
+NEARLY_FULL = 16 * 2**20  # bytes (or 5% of a smaller disk): less left after a writer failed means a full disk
+
+
+class RunFolderError(RuntimeError):
+    """A run folder that cannot hold the run (unwritable, full, or a history it cannot resume)."""
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
+def check_writable(folder: Path) -> None:
+    """Create ``folder`` if needed and make sure files can be created in it (and in its
+    ``checkpoints/`` and ``best/`` if there) and its existing files appended to; else
+    ``RunFolderError`` naming the folder. A real write is tried: root ignores permission bits,
+    not a read-only mount."""
+    folder = Path(folder)
+    fix = "make it writable, or train into another folder (--run-dir)"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFolderError(f"cannot create the run folder {folder}: {e.strerror or e}; {fix}") from None
+    for d in (folder, folder / "checkpoints", folder / "best"):
+        if not d.is_dir():
+            continue
+        try:
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".write-check-"):
+                pass
+        except OSError as e:
+            raise RunFolderError(f"cannot write in the run folder {d}: {e.strerror or e}; {fix}") from None
+    for f in sorted(folder.glob("*.json*")) + sorted(folder.glob("*.yaml")):
+        try:
+            f.open("a").close()
+        except OSError as e:
+            raise RunFolderError(f"cannot write {f} in the run folder: {e.strerror or e}; {fix}") from None
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def disk_full(exc: BaseException, folder: Path, then: str) -> RunFolderError | None:
+    """The one-line error for ``exc`` when it is a write into ``folder`` that ran out of space,
+    else None. ``then`` says what a re-run does (e.g. ``it resumes from checkpoint-2``)."""
+    folder = Path(folder)
+    causes = list(_chain(exc))
+    enospc = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
+    writer = any(m in str(e).lower() for e in causes for m in WRITER_FAILURES)
+    try:
+        usage = shutil.disk_usage(folder)
+    except OSError:
+        usage = None
+    nearly_full = usage is not None and usage.free < min(NEARLY_FULL, usage.total / 20)
+    if not (enospc or (writer and nearly_full)):
+        return None
+    space = f" ({_size(usage.free)} free of {_size(usage.total)})" if usage is not None else ""
+    text = str(exc).strip()
+    what = f"{type(exc).__name__}: {text.splitlines()[0][:120]}" if text else type(exc).__name__
+    return RunFolderError(
+        f"disk full: no space left on the filesystem of {folder}{space} "
+        f"({what}); free space there or train into another folder (--run-dir), "
+        f"then re-run: {then}"
+    )
+
+
+def append_json_line(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line. A last line cut short (a full disk, a kill) is ended
+    first, so readers skip it alone instead of losing the new line glued onto it."""
+    line = json.dumps(record) + "\n"
+    with Path(path).open("a+b") as fh:  # writes go to the end whatever was read
+        end = fh.seek(0, os.SEEK_END)
+        if end:
+            fh.seek(end - 1)
+            if fh.read(1) != b"\n":
+                line = "\n" + line
+        fh.write(line.encode())

@@ -1,0 +1,215 @@
+"""Faults that end in one clear line and no traceback: a disk that fills up mid-checkpoint (a real
+tmpfs under a real tiny run, which then resumes), a read-only run folder, a history with nothing to
+resume from, a path given as a tracking URI, and a device count below one."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+TINY = {
+    "model.size": "tiny",
+    "batch.prompts": 2,
+    "batch.generations": 4,
+    "batch.micro_batch": 8,
+    "length.think_budget": [12, 20],
+    "length.answer_budget": 8,
+    "eval.prompts": 8,
+    "eval.samples": 4,
+    "eval.batch_prompts": 8,
+    "train.steps": 4,
+    "train.save_every": 2,
+    "eval.every": 2,
+}
+SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size_kib: int):
+    """A tmpfs of ``size_kib`` mounted at ``where`` for the block; skips the test where this
+    process may not mount (mounting needs root, CAP_SYS_ADMIN)."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()[:200]}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def _remount(where: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
+
+
+def test_a_full_disk_mid_checkpoint_is_one_line_naming_the_folder_and_the_rerun_resumes(tiny_base, tmp_path):
+    """The disk holds the run up to checkpoint-2 and fills up while checkpoint-4's optimizer state
+    (about twice the weights) is written: torch's zip writer raises 'unexpected pos', which the
+    command turns into one line; after space is freed, the re-run skips the half-written
+    checkpoint-4 and resumes from checkpoint-2, each evaluation recorded once."""
+    from runners.recipe import load_recipe
+    from runners.rl.train import metric_records, train
+
+    weights = (tiny_base / "model.safetensors").stat().st_size
+    # at checkpoint-4 the disk holds best/ (weights) and checkpoint-2 (weights + optimizer = 3x),
+    # then checkpoint-4's weights: 6x the weights fills up inside its optimizer file (2x)
+    with tmpfs(tmp_path / "disk", 6 * weights // 1024) as disk:
+        run = disk / "run"
+        cmd = [sys.executable, "-m", "runners", "train", "scalerl", "--untracked", "--run-dir", str(run), *SETS]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+        out = res.stdout + res.stderr
+        assert res.returncode == 2, out[-3000:]
+        assert "Traceback" not in out, out[-3000:]
+        (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith(f"error: disk full: no space left on the filesystem of {run} (")
+        assert "unexpected pos" in line or "iostream error" in line  # torch's words, kept
+        assert "then re-run: it resumes from checkpoint-2" in line
+        assert not (run / "checkpoints" / "checkpoint-4" / "prl_state.json").exists()
+
+        _remount(disk, "size=16m")  # space freed
+        said: list[str] = []
+        train(load_recipe("scalerl", TINY), run, log=said.append)
+        assert any("skipping checkpoint-4: no prl_state.json" in m for m in said), said
+        assert any(m.endswith(f"resuming from {run / 'checkpoints' / 'checkpoint-2'}") for m in said), said
+        assert [r["step"] for r in metric_records(run / "metrics.jsonl")] == [0, 2, 4]
+        assert (run / "done.json").is_file() and (run / "checkpoints" / "checkpoint-4" / "prl_state.json").is_file()
+
+
+def test_a_full_disk_message_names_the_folder_and_keeps_other_errors(tmp_path):
+    """ENOSPC anywhere in the chain is a full disk; a writer's 'unexpected pos' is one only when the
+    folder's filesystem is (nearly) full; any other error is left alone."""
+    import errno
+
+    from runners.ops.folders import disk_full
+
+    with tmpfs(tmp_path / "disk", 1024) as disk:
+        try:
+            try:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            except OSError as inner:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2") from inner
+        except RuntimeError as e:
+            msg = str(disk_full(e, disk, "it resumes from checkpoint-2"))
+        assert msg.startswith(f"disk full: no space left on the filesystem of {disk} (")
+        assert "\n" not in msg and msg.endswith("then re-run: it resumes from checkpoint-2")
+        unexpected = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1 vs 2")
+        assert disk_full(unexpected, disk, "") is None  # 1 MiB free of 1 MiB: not full
+        (disk / "ballast").write_bytes(b"\0" * 1000 * 1024)
+        assert disk_full(unexpected, disk, "") is not None  # now it is
+        assert disk_full(ValueError("shape mismatch"), disk, "") is None
+
+
+@pytest.mark.parametrize("tracked", [False, True], ids=["untracked", "tracked"])
+@pytest.mark.parametrize("exists", [True, False], ids=["existing-folder", "new-folder"])
+def test_a_read_only_run_folder_is_refused_before_a_model_loads_or_a_run_is_made(
+    tmp_path, monkeypatch, capsys, tracked, exists
+):
+    from runners.cli import main
+
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.chdir(tmp_path)
+    with tmpfs(tmp_path / "ro", 1024) as ro:
+        if exists:
+            (ro / "run").mkdir()
+            (ro / "run" / "metrics.jsonl").write_text("")
+        _remount(ro, "ro")
+        args = ["train", "scalerl", "--run-dir", str(ro / "run"), *SETS] + ([] if tracked else ["--untracked"])
+        try:
+            assert main(args) == 2
+        finally:
+            os.environ.pop("MLFLOW_RUN_ID", None)  # a single tracked run names its MLflow run here
+    err = capsys.readouterr().err.strip()
+    verb = "write in" if exists else "create"
+    assert err == (
+        f"error: cannot {verb} the run folder {ro / 'run'}: Read-only file system; "
+        "make it writable, or train into another folder (--run-dir)"
+    )
+    assert not store.exists() or not MlflowClient(f"sqlite:///{store}").search_runs(
+        [e.experiment_id for e in MlflowClient(f"sqlite:///{store}").search_experiments()]
+    )  # no MLflow run made for a run that cannot start
+
+
+def test_an_untracked_rerun_with_nothing_to_resume_says_what_to_do(tiny_base, tmp_path, capsys):
+    """Evaluations up to step 2 and a checkpoint-2 whose save was cut short (no prl_state.json),
+    as a failed checkpoint leaves them: one line naming the folder and the way out."""
+    from runners.cli import main
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-2" / "config.json").write_text("{}")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val/mean_at_16": 0.0}) + "\n" for s in (0, 2)))
+    assert main(["train", "scalerl", "--untracked", "--run-dir", str(run), *SETS]) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert line == (
+        f"error: {run} has metrics up to step 2 but no complete checkpoint to resume from (checkpoint-2: no "
+        "prl_state.json (its save was interrupted)); restarting from step 0 would splice a new run into its "
+        "history. To start it over, delete the run folder or move it aside"
+    )
+
+
+@pytest.mark.parametrize("command", ["fit", "report"])
+@pytest.mark.parametrize("name", ["curves.csv", "mlflow.db"])
+def test_a_path_given_as_tracking_uri_is_one_line_naming_what_to_pass(tmp_path, monkeypatch, capsys, command, name):
+    from analysis.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / name
+    path.write_text("variant,seed,x,y\n")
+    ref = ["fit", "loo-cpu"] if command == "fit" else ["report", "latest"]
+    assert main([*ref, "--tracking-uri", str(path), "--out", str(tmp_path / "out")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {path} is not a tracking URI: ")
+    if name.endswith(".csv"):
+        assert f"pass it as --curves {path}" in line
+    else:
+        assert f"name an SQLite store as sqlite:///{path} " in line
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_gpus_below_one_is_refused_at_parsing(value, capsys):
+    from runners.cli import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["train", "scalerl", "--gpus", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --gpus: " in err and ("pass 1 (one device, the default) or more" in err or "whole number" in err)
+
+
+def test_gpus_one_or_more_still_parse():
+    from runners.cli import build_parser
+
+    assert build_parser().parse_args(["train", "scalerl"]).gpus == 1
+    assert build_parser().parse_args(["train", "scalerl", "--gpus", "2"]).gpus == 2
+
+
+def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
+    """A full disk cuts an evaluation's line in metrics.jsonl and samples.jsonl; after space is
+    freed the re-run's line for that step starts on a line of its own, so readers skip only the
+    cut one (before, the two were glued into one unreadable line and the step was lost)."""
+    from runners.ops.folders import append_json_line
+    from runners.ops.tracking import samples_table
+    from runners.rl.train import metric_records
+
+    pad = "x" * 2500
+    with tmpfs(tmp_path / "disk", 8) as disk:  # two pages: one a file
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            append_json_line(disk / name, {"step": 0, "samples": [{"completion": pad}]})
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = disk / name
+            with pytest.raises(OSError, match="No space left"), path.open("a") as fh:  # as the run wrote it
+                fh.write(json.dumps({"step": 2, "samples": [{"completion": pad}]}) + "\n")
+            assert not path.read_bytes().endswith(b"\n")  # cut short
+        _remount(disk, "size=64k")
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            append_json_line(disk / name, {"step": 2, "samples": [{"completion": "again"}]})
+        assert [r["step"] for r in metric_records(disk / "metrics.jsonl")] == [0, 2]
+        assert samples_table(disk / "samples.jsonl")["completion"].tolist() == [pad, "again"]
