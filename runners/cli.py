@@ -10,6 +10,7 @@ from pathlib import Path
 
 from runners.ops.campaign import CampaignError
 from runners.ops.folders import RunFolderError, check_writable
+from runners.ops.locks import Busy, die_with_parent
 from runners.ops.postgres import PostgresError
 from runners.ops.servers import ServerError
 from runners.ops.store import StoreError
@@ -27,10 +28,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
+def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) -> int:
     """Re-run this command as ``n`` processes through ``accelerate launch`` (DDP; gloo on CPU, NCCL on GPUs)."""
     import subprocess
 
+    from runners.ops.locks import parent_death_preexec
     from runners.ops.tracking import free_port
 
     if n < 2:
@@ -46,8 +48,7 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
         cmd += ["--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
     cmd += ["--main_process_port", str(free_port())]
     cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
-    if args.run_dir:
-        cmd += ["--run-dir", args.run_dir]
+    cmd += ["--run-dir", str(run_dir)]
     if recipe.model.size is not None:  # build the base model once, here, not in every process
         from runners.task.basemodel import ensure_base_model
         from runners.task.data import task_of
@@ -55,30 +56,48 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
         ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
     print(f"launching {n} {device} through accelerate (DDP)", flush=True)
-    return subprocess.call(cmd)
+    return subprocess.call(cmd, preexec_fn=parent_death_preexec())  # the launcher dies with this process
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from runners.ops.runfolder import default_run_dir, writer
+
     recipe = _recipe(args)  # validates before any process is launched
-    if args.gpus and args.gpus > 1 and "LOCAL_RANK" not in os.environ:
-        return launch_distributed(args, recipe, args.gpus)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(recipe)
+    if "LOCAL_RANK" in os.environ:  # a rank that accelerate launched: its launcher holds the folder
+        return _train(args, recipe, run_dir)
+    check_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
+    with writer(run_dir, recipe):  # this process is the folder's one writer, for the whole run
+        if args.gpus and args.gpus > 1:
+            return launch_distributed(args, recipe, args.gpus, run_dir)
+        return _train(args, recipe, run_dir)
+
+
+def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
+    from runners.ops.runfolder import finished
     from runners.rl.train import train
 
-    run_dir = Path(args.run_dir or f"artifacts/runs/{recipe.name.replace('/', '-')}-seed{recipe.train.seed}")
     main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate only rank 0 prints and tracks
 
     def log(m: str) -> None:
         if main_process:
             print(m, flush=True)
 
-    check_writable(run_dir)  # before an MLflow run is made or a model loaded
     log(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}")
     t0 = time.perf_counter()
     if main_process and not args.untracked:
         from runners.ops.tracking import tracked_train
 
         if not os.environ.get("MLFLOW_RUN_ID"):  # a single run: its own MLflow run, like a campaign's child
-            os.environ["MLFLOW_RUN_ID"] = _single_run(recipe, run_dir, args.experiment)
+            run_id, tracked_done = _single_run(recipe, run_dir, args.experiment)
+            done = finished(run_dir)
+            if tracked_done and done is not None:
+                log(
+                    f"{run_dir} is finished (MLflow run {run_id}): best mean@16 {done['val/best_mean_at_16']:.3f}; "
+                    "nothing to train"
+                )
+                return 0
+            os.environ["MLFLOW_RUN_ID"] = run_id
         final = tracked_train(recipe, run_dir, log=log)
         log(
             f"MLflow run {final['run_id']} (experiment {args.experiment or 'a campaign'}); its report: "
@@ -93,9 +112,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _single_run(recipe, run_dir: Path, experiment: str) -> str:
+def _single_run(recipe, run_dir: Path, experiment: str) -> tuple[str, bool]:
     """The MLflow run of a single tracked run: the one of the same identity and run folder (it
-    resumes, as the folder does), else a new one."""
+    resumes, as the folder does), else a new one; and whether it is done."""
     from mlflow.tracking import MlflowClient
 
     from runners.ops import store
@@ -110,7 +129,7 @@ def _single_run(recipe, run_dir: Path, experiment: str) -> str:
     if run is None:
         name = f"{recipe.name}/seed{recipe.train.seed}"
         run = new_run(client, exp_id, recipe, name=name, run_key=key, tags={store.RUN_DIR: folder})
-    return run.info.run_id
+    return run.info.run_id, store.is_done(run)
 
 
 def cmd_base_model(args: argparse.Namespace) -> int:
@@ -307,8 +326,17 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments")
-    t = add("train", cmd_train, "run one recipe end to end (resumes from its last checkpoint)")
-    t.add_argument("--run-dir", help="output folder (default artifacts/runs/NAME-seedS)")
+    t = add(
+        "train",
+        cmd_train,
+        "run one recipe end to end (re-running the same recipe resumes it from its last checkpoint; a finished "
+        "one trains nothing)",
+    )
+    t.add_argument(
+        "--run-dir",
+        help="output folder (default artifacts/runs/NAME-seedS-ID, ID the run's identity: another recipe or "
+        "override gets another folder); a folder of another run is refused",
+    )
     t.add_argument(
         "--experiment",
         default="runs",
@@ -387,9 +415,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # a campaign's trainer does not outlive its campaign (kill -9 included)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (RecipeError, CampaignError, FileNotFoundError, PostgresError, ServerError, StoreError, RunFolderError) as e:
+    except (
+        RecipeError, CampaignError, FileNotFoundError, PostgresError, ServerError, StoreError, RunFolderError, Busy
+    ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -660,7 +660,8 @@ def test_a_truncated_newest_checkpoint_is_skipped_for_the_intact_one(tiny_base, 
     run = tmp_path / "run"
     whole = train(_tiny_recipe(4), run, log=lambda m: None)
     weights = run / "checkpoints" / "checkpoint-4" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a kill mid-write
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # a kill mid-write ...
+    (run / "done.json").unlink()  # ... before the run could finish
     said = []
     again = train(_tiny_recipe(4), run, log=said.append)
     assert any("skipping checkpoint-4: model.safetensors truncated" in m for m in said)
@@ -676,6 +677,7 @@ def test_history_without_a_complete_checkpoint_is_not_restarted_into(tiny_base, 
     train(_tiny_recipe(4), run, log=lambda m: None)
     for state in (run / "checkpoints").glob("checkpoint-*/prl_state.json"):
         state.unlink()  # killed between the model file and the state file, both times
+    (run / "done.json").unlink()  # so never finished
     with pytest.raises(ResumeError, match=r"metrics up to step 4 but no complete checkpoint.*no prl_state.json"):
         train(_tiny_recipe(4), run, log=lambda m: None)
 
@@ -713,6 +715,8 @@ def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(st
     client.delete_tag(old.info.run_id, "prl.done")  # an interrupted run ...
     for state in (tmp_path / "artifacts").glob("campaigns/start-over/*/checkpoints/*/prl_state.json"):
         state.unlink()  # ... whose checkpoints were all cut short
+    for done in (tmp_path / "artifacts").glob("campaigns/start-over/*/done.json"):
+        done.unlink()  # ... and never finished
     assert not run_campaign(path, log=lambda m: None)["failures"]
     (new,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
     assert new.info.run_id != old.info.run_id and new.data.tags["prl.done"] == "1"

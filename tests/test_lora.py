@@ -4,6 +4,7 @@ best model, and bad settings are refused before anything trains."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,14 +67,15 @@ def test_a_lora_run_trains_only_adapters_resumes_them_and_its_best_adapters_relo
     again = evaluate(model, tok, val, samples=4, max_new_tokens=recipe.max_completion_tokens, seed=best["step"])
     assert again["mean_at_k"] == pytest.approx(best["val/mean_at_16"])
 
-    # a longer budget resumes the adapters from the last checkpoint
-    longer = lora_recipe(tiny_base)
-    longer.train.steps = 6
+    # a run killed before its last checkpoint resumes the adapters from the one before
+    shutil.rmtree(tmp_path / "run" / "checkpoints" / "checkpoint-4")
+    (tmp_path / "run" / "done.json").unlink()
     lines.clear()
-    train(longer, tmp_path / "run", log=lines.append)
-    assert any("resuming from" in x and x.rstrip().endswith("checkpoint-4") for x in lines), lines
+    train(recipe, tmp_path / "run", log=lines.append)
+    assert any("resuming from" in x and x.rstrip().endswith("checkpoint-2") for x in lines), lines
+    assert (tmp_path / "run" / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors").is_file()
     steps = [json.loads(x)["step"] for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [0, 2, 4, 6]
+    assert steps == [0, 2, 4]
 
 
 def test_a_target_module_the_model_lacks_is_one_line_naming_its_layers(tiny_base, tmp_path):

@@ -3,12 +3,15 @@ child run per variant x seed with the recipe as params), what is done and what i
 handing the rest to a scheduler (``runners.ops.local`` or ``runners.ops.cluster``).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
-its checkpoint into the same MLflow run.
+its checkpoint into the same MLflow run. One process runs a campaign on a store at a time: it
+holds the campaign's lock (``campaign_lock``) while it schedules, and a second is refused naming
+its pid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib.util
 import subprocess
 import time
@@ -30,6 +33,7 @@ from runners.ops.campaign import (
     load_campaign,
 )
 from runners.ops.local import Launch, command, run_folder, run_local
+from runners.ops.locks import hold
 from runners.recipe import Recipe
 
 
@@ -56,11 +60,37 @@ def run_campaign(
     """Run every to-do run of a campaign; returns a summary with failures (and, for an adaptive
     campaign, the compute its stops saved). Runs an adaptive campaign stopped stay stopped unless
     ``resume_stopped``: then they continue from their last checkpoint to the full budget."""
-    from runners.ops.tracking import local_server
-
     camp = load_campaign(ref)
     specs = expand(camp, only_axis)
     uri = tracking_uri or store.default_tracking_uri()
+    if dry_run:
+        return _run_campaign(camp, specs, uri, only_axis, True, runs_root, resume_stopped, log)
+    advice = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
+    with hold(campaign_lock(camp.name, uri, runs_root), f"campaign {camp.name} on store {uri}", advice):
+        return _run_campaign(camp, specs, uri, only_axis, False, runs_root, resume_stopped, log)
+
+
+def campaign_lock(name: str, uri: str, runs_root: Path) -> Path:
+    """The lock of a campaign on a store: beside a SQLite store (whatever folder the campaign is run
+    from), else in the campaign's folder, one per store."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri.removeprefix("sqlite:///").split("?")[0])
+        return db.with_name(f"{db.name}.{name.replace('/', '-')}.campaign.lock")
+    return runs_root / name / f"campaign-{hashlib.sha256(uri.encode()).hexdigest()[:12]}.lock"
+
+
+def _run_campaign(
+    camp: Campaign,
+    specs: list[RunSpec],
+    uri: str,
+    only_axis: str | None,
+    dry_run: bool,
+    runs_root: Path,
+    resume_stopped: bool,
+    log,
+) -> dict[str, Any]:
+    from runners.ops.tracking import local_server
+
     client = MlflowClient(uri)
     exp_id = store.experiment_id(client, camp.name)
     existing = store.identified_runs(client, exp_id) if exp_id else {}

@@ -5,6 +5,7 @@ with the run's MLflow run id, so a run that is preempted (its process killed by 
 node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run. Run
 folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
 reachable from every node (``make tracking-server`` on the head node, or any MLflow server).
+A run's process dies with the Ray worker that started it (``locks.child_env``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from runners.ops.campaign import RunSpec
 from runners.ops.local import Launch, tail
+from runners.ops.locks import child_env
 
 
 class Preempted(RuntimeError):
@@ -25,7 +27,8 @@ class Preempted(RuntimeError):
 
 def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> tuple[int, str]:
     with open(log_path, "a") as logf:
-        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd)
+        env = {**os.environ, **env, **child_env()}  # the run dies with this worker
+        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     if proc.returncode < 0:
         raise Preempted(f"run process killed by signal {-proc.returncode}")
     return proc.returncode, tail(Path(log_path))

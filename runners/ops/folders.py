@@ -26,7 +26,8 @@ NEARLY_FULL = 16 * 2**20  # bytes (or 5% of a smaller disk): less left after a w
 
 
 class RunFolderError(RuntimeError):
-    """A run folder that cannot hold the run (unwritable, full, or a history it cannot resume)."""
+    """A run folder that cannot hold the run: unwritable, full, a history it cannot resume, or another
+    run's folder (``runners.ops.runfolder``); the message names the folder and the fix."""
 
 
 def _size(n: float) -> str:

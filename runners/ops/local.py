@@ -7,7 +7,9 @@ and a ``prepare(spec) -> Launch`` callback that gives each its MLflow run and co
 return the failures with the last lines of their logs. A run that dies of a signal (a segfault in
 native code, the kernel's OOM killer) is started again up to ``max_retries`` times: it resumes from
 its checkpoint. A Python error is not retried (it would fail the same way); every run has
-Python's faulthandler on, so a native crash leaves its stack in ``run.log``.
+Python's faulthandler on, so a native crash leaves its stack in ``run.log``. Every process it
+starts dies with it (``locks.child_env``): a campaign killed with ``kill -9`` leaves no trainer
+writing in a run folder that its next run would resume.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import IO
 
 from runners.ops.campaign import Campaign, CampaignError, RunSpec
+from runners.ops.locks import child_env
 
 PROGRESS_MARKS = ("] step ", "building base model", "base model ready", "resuming", "stopped at step", "done in ")
 
@@ -110,7 +113,7 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
         root.mkdir(parents=True, exist_ok=True)
         recipe_file = root / f"base-{path.name}.yaml"
         recipe_file.write_text(specs[0].recipe.to_yaml())
-        env = {**os.environ}
+        env = {**os.environ, **child_env()}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device.split(",")[0]
         proc = subprocess.Popen(
@@ -187,7 +190,7 @@ def run_local(
 
 
 def _start(launch: Launch, device: str | None, threads: int) -> _Running:
-    env = {**os.environ, **launch.env}
+    env = {**os.environ, **launch.env, **child_env()}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # packed runs fragment less

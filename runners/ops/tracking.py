@@ -321,7 +321,8 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
             if (run_dir / name).is_file():
                 mlflow.log_artifact(str(run_dir / name))
         samples = samples_table(run_dir / "samples.jsonl")
-        if samples is not None:
+        logged = {a.path for a in client.list_artifacts(run_id)}
+        if samples is not None and "samples_table.json" not in logged:  # log_table appends to a logged one
             mlflow.log_table(samples, artifact_file="samples_table.json")
         best = run_dir / "best" / "best.json"
         if best.is_file():

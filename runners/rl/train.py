@@ -8,7 +8,8 @@ far. A killed run resumes from its newest complete and readable checkpoint (one 
 which one and why newer ones were skipped; evaluations already recorded are not recorded
 twice. A run that has history but no such checkpoint is never restarted from step 0 into that
 history: ``ResumeError`` says so (``tracking.tracked_train`` then starts it over as a new
-MLflow run).
+MLflow run). The folder belongs to one run (``runners.ops.runfolder``): another run's folder is
+refused, and a finished run (``done.json``, or its last step checkpointed) trains no further step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from trl.rewards import get_soft_overlong_punishment
 
 from runners.ops.campaign import STOP_FILE
 from runners.ops.folders import RunFolderError, append_json_line, check_writable, disk_full
+from runners.ops.runfolder import DONE_FILE, claim, finished
 from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from runners.recipe import Recipe, RecipeError
 from runners.rl.evaluation import evaluate
@@ -339,9 +341,15 @@ def train(
     extra_args: dict[str, Any] | None = None,
     callbacks: list[TrainerCallback] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) one recipe; returns the final evaluation and compute."""
+    """Run (or resume) one recipe in its folder; returns the final evaluation and compute. A folder
+    of another run is refused (``RunFolderError``); a finished one trains nothing."""
     run_dir = Path(run_dir)
     check_writable(run_dir)
+    claim(run_dir, recipe)
+    done = finished(run_dir)
+    if done is not None:
+        log(f"[{recipe.name}] {run_dir} is finished: best mean@16 {done['val/best_mean_at_16']:.3f}; nothing to train")
+        return done
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     disable_progress_bars()
     if torch.cuda.is_available():
@@ -400,7 +408,11 @@ def train(
             "run into its history"
         )
     try:
-        trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
+        if last is not None and int(last.name.split("-")[-1]) >= args.max_steps:
+            # killed after its last checkpoint, before done.json: resuming would train a step past the budget
+            log(f"[{recipe.name}] {last.name} is the run's last step: nothing left to train")
+        else:
+            trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     except torch.OutOfMemoryError as e:
         raise RecipeError(
             f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is "
@@ -415,5 +427,7 @@ def train(
     if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
         return {**final, "stopped_at_step": progress.stopped_at}
     if trainer.accelerator.is_main_process:
-        (run_dir / "done.json").write_text(json.dumps(final, indent=2) + "\n")
+        tmp = run_dir / f"{DONE_FILE}.tmp"
+        tmp.write_text(json.dumps(final, indent=2) + "\n")
+        tmp.replace(run_dir / DONE_FILE)  # whole or absent: a finished run is never mistaken for another state
     return final

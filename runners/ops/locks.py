@@ -1,0 +1,102 @@
+"""One writer at a time: exclusive locks on what a process writes (a run folder, a campaign on a
+store), the holder named to whoever is refused, and processes that die with the process that
+started them.
+
+A lock is ``filelock``'s (``flock``): the kernel releases it when its holder dies, ``kill -9``
+included, so no lock outlives its process. Beside it, ``<lock>.json`` names the holder (pid,
+command, start time) for the refusal's message; it is only read while the lock is held by
+someone, so a stale one left by a killed holder is harmless (the next holder rewrites it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+#: Set in the environment of a process a campaign starts: the starter's pid. The child, on
+#: Linux, asks the kernel to kill it when that parent dies (``die_with_parent``).
+PARENT_ENV = "PRL_DIE_WITH_PARENT"
+_PR_SET_PDEATHSIG = 1
+
+
+class Busy(RuntimeError):
+    """Another live process holds the lock; the message names it and what to do."""
+
+
+def holder(lock_path: Path) -> str:
+    """The holder of a lock as its record names it: ``pid N (command, since HH:MM:SS)``."""
+    for _ in range(10):  # a holder that has just taken the lock writes its record a moment later
+        try:
+            info = json.loads(Path(f"{lock_path}.json").read_text())
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
+            return f"pid {info['pid']} ({info['command']}, since {since})"
+        except (OSError, ValueError, KeyError, TypeError):
+            time.sleep(0.1)
+    return "another process (its pid was not recorded)"
+
+
+@contextlib.contextmanager
+def hold(lock_path: Path, what: str, advice: str) -> Iterator[None]:
+    """Hold the exclusive lock ``lock_path`` for the block, or raise ``Busy`` at once, in one
+    line: ``{what} is in use by pid N (...); {advice}``."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(lock_path), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise Busy(f"{what} is in use by {holder(lock_path)}; {advice}") from None
+    record = Path(f"{lock_path}.json")
+    try:
+        tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+        command = " ".join(["python", *sys.argv])[:200]
+        tmp.write_text(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))
+        tmp.replace(record)
+        yield
+    finally:
+        record.unlink(missing_ok=True)
+        lock.release()
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child that must not outlive this process (``die_with_parent``)."""
+    return {PARENT_ENV: str(os.getpid())}
+
+
+def _prctl():
+    return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+def set_parent_death_signal() -> None:
+    """Linux: SIGKILL this process when the thread that started it dies (``prctl``); elsewhere nothing."""
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def parent_death_preexec():
+    """A ``preexec_fn`` with the effect of ``set_parent_death_signal`` in the child; libc is looked
+    up here, in the parent, not between fork and exec."""
+    prctl = _prctl()
+    return None if prctl is None else lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def die_with_parent() -> None:
+    """In a process started with ``child_env()`` (a campaign's trainer) or by an ``accelerate``/
+    ``torchrun`` launcher (a rank of a distributed run): die when the starter dies, so that a
+    campaign killed with ``kill -9`` leaves no trainer writing in its run folder. A starter that
+    died before this line ran is caught by comparing the parent's pid."""
+    starter = os.environ.pop(PARENT_ENV, None)
+    if starter is None and "TORCHELASTIC_RUN_ID" not in os.environ:
+        return  # started by a user: it may outlive its shell (nohup), as any command may
+    set_parent_death_signal()
+    if starter is not None and os.getppid() != int(starter):
+        os._exit(1)  # the campaign is already gone

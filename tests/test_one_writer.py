@@ -1,0 +1,204 @@
+"""One writer per run (#27 items 1-2): a single run's folder belongs to one run identity, a folder
+or a campaign has one writer at a time, and a campaign killed with SIGKILL takes its trainers with
+it. Real processes, the tiny model, a real SQLite MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runners.ops.campaign_runs import run_campaign
+from tests.test_campaign import TINY, history_steps, store, write_campaign  # noqa: F401 - store is a fixture
+
+SETS = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY, "train.steps": 2, "train.save_every": 2}.items()]
+SETS += ["--set=eval.every=2"]
+LR = "--set=optim.lr=3e-4"  # the baseline recipe's is 1.5e-4
+
+
+def train_cli(cwd: Path, *args: str, wait: bool = True):
+    cmd = [sys.executable, "-m", "runners", "train", "scalerl", *SETS, *args]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+
+
+def run_folders(cwd: Path) -> list[Path]:
+    return sorted(p.parent for p in (cwd / "artifacts" / "runs").glob("*/recipe.yaml"))
+
+
+def steps_of(folder: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def trained_steps(folder: Path) -> int:
+    """The furthest step any checkpoint of the folder reached."""
+    states = (folder / "checkpoints").glob("checkpoint-*/trainer_state.json")
+    return max(json.loads(p.read_text())["global_step"] for p in states)
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    return lines[0]
+
+
+def test_single_runs_with_other_settings_never_share_a_folder_untracked(tiny_base, tmp_path):
+    """The issue's two commands, untracked: the second (another lr) gets its own folder and its own
+    evaluations; pointed at the first one's folder it is refused naming the key; a second trainer on
+    a folder being trained is refused naming the trainer's pid; a finished run re-run trains nothing."""
+    first = train_cli(tmp_path, "--untracked", wait=False)
+    try:  # hold the first run mid-training (after its step-0 evaluation) while a second one tries
+        deadline = time.time() + 600
+        while time.time() < deadline and first.poll() is None:
+            if any((f / "metrics.jsonl").is_file() for f in run_folders(tmp_path)):
+                break
+            time.sleep(0.2)
+        os.kill(first.pid, signal.SIGSTOP)
+        (folder,) = run_folders(tmp_path)
+        busy = one_line_error(train_cli(tmp_path, "--untracked"))
+        assert f"pid {first.pid}" in busy and str(folder) in busy, busy
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    out, err = first.communicate(timeout=900)
+    assert first.returncode == 0, out[-2000:] + err[-2000:]
+    recipe, metrics = (folder / "recipe.yaml").read_text(), (folder / "metrics.jsonl").read_text()
+    assert steps_of(folder) == [0, 2] and trained_steps(folder) == 2
+
+    second = train_cli(tmp_path, LR, "--untracked")
+    assert second.returncode == 0, second.stderr[-3000:]
+    (other,) = [f for f in run_folders(tmp_path) if f != folder]
+    assert "lr: 0.0003" in (other / "recipe.yaml").read_text() and steps_of(other) == [0, 2]
+    assert (folder / "recipe.yaml").read_text() == recipe and (folder / "metrics.jsonl").read_text() == metrics
+
+    refused = one_line_error(train_cli(tmp_path, LR, "--untracked", "--run-dir", str(folder)))
+    assert str(folder) in refused and "optim.lr: 0.00015 -> 0.0003" in refused, refused
+    assert (folder / "recipe.yaml").read_text() == recipe
+
+    again = train_cli(tmp_path, "--untracked")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "finished" in again.stdout and "nothing to train" in again.stdout, again.stdout
+    assert (folder / "metrics.jsonl").read_text() == metrics and trained_steps(folder) == 2  # no extra step
+    assert len(run_folders(tmp_path)) == 2
+
+    (folder / "done.json").unlink()  # killed after its last checkpoint, before it could record the end
+    again = train_cli(tmp_path, "--untracked")
+    assert again.returncode == 0 and "checkpoint-2 is the run's last step" in again.stdout, again.stdout
+    assert (folder / "metrics.jsonl").read_text() == metrics and trained_steps(folder) == 2
+    assert (folder / "done.json").is_file()
+
+
+def test_a_folder_of_another_run_is_refused_naming_the_keys(tmp_path):
+    """A longer budget or another setting is another run; a folder written before identity files
+    existed is judged by its recipe.yaml; a run's own folder is accepted again."""
+    from runners.ops.runfolder import RunFolderError, claim
+    from runners.recipe import load_recipe
+
+    four = load_recipe("scalerl", {"train.steps": 4})
+    six = load_recipe("scalerl", {"train.steps": 6, "algorithm.loss": "dapo"})
+    claim(tmp_path / "run", four)
+    claim(tmp_path / "run", four)  # its own
+    with pytest.raises(RunFolderError, match=r"another run \(algorithm.loss: cispo -> dapo, train.steps: 4 -> 6\)"):
+        claim(tmp_path / "run", six)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "recipe.yaml").write_text(four.to_yaml())
+    with pytest.raises(RunFolderError, match=r"train.steps: 4 -> 6"):
+        claim(legacy, six)
+    claim(legacy, four)  # adopted: its identity recorded
+    assert (legacy / "identity.json").is_file()
+    (tmp_path / "unknown" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(RunFolderError, match="no record of its recipe"):
+        claim(tmp_path / "unknown", four)
+
+
+def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, tmp_path, monkeypatch):
+    """Tracked: the second command's MLflow run holds its own evaluations and training steps, never
+    the first run's; a finished run re-run adds no MLflow run and no step."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert train_cli(tmp_path).returncode == 0
+    second = train_cli(tmp_path, LR)
+    assert second.returncode == 0, second.stderr[-3000:]
+    client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    exp_id = client.get_experiment_by_name("runs").experiment_id
+    runs = {r.data.params["optim.lr"]: r for r in client.search_runs([exp_id], "tags.`prl.run_id` != ''")}
+    assert sorted(runs) == ["0.00015", "0.0003"]
+    for lr, run in runs.items():
+        folder = Path(run.data.tags["prl.run_dir"])
+        assert f"lr: {float(lr)}" in (folder / "recipe.yaml").read_text()
+        mine = {json.loads(x)["step"]: json.loads(x)["val/mean_at_16"] for x in (folder / "metrics.jsonl").open()}
+        logged = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "val/mean_at_16")}
+        assert logged == mine and sorted(logged) == [0, 2], (lr, logged, mine)
+        assert history_steps(client, run.info.run_id, "train/loss") == [1, 2]
+    assert runs["0.00015"].data.tags["prl.run_dir"] != runs["0.0003"].data.tags["prl.run_dir"]
+
+    again = train_cli(tmp_path)
+    assert again.returncode == 0 and "nothing to train" in again.stdout, again.stdout + again.stderr[-3000:]
+    assert len(client.search_runs([exp_id], "tags.`prl.run_id` != ''")) == 2
+    assert history_steps(client, runs["0.00015"].info.run_id, "train/loss") == [1, 2]
+
+
+def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_path):  # noqa: F811
+    path = write_campaign(tmp_path / "twice.yaml", "twice", 2, {})
+    cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], [o[1][-2000:] for o in outs]
+    refused = next(i for i, p in enumerate(procs) if p.returncode == 2)
+    holder = procs[1 - refused].pid
+    line = [x for x in outs[refused][1].splitlines() if x.strip()]
+    assert len(line) == 1 and f"pid {holder}" in line[0] and "campaign twice" in line[0], line
+    client = MlflowClient(store)
+    exp_id = client.get_experiment_by_name("twice").experiment_id
+    (run,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")  # one run per identity
+    assert run.data.tags["prl.done"] == "1" and history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2]
+    (folder,) = (tmp_path / "artifacts" / "campaigns" / "twice").glob("baseline-*")
+    assert steps_of(folder) == [0, 2]
+
+
+def test_a_campaign_killed_alone_takes_its_trainer_and_the_rerun_resumes(store, tmp_path):  # noqa: F811
+    path = write_campaign(tmp_path / "orphan.yaml", "orphan", 4, {})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runners", "campaign", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    camp_dir = tmp_path / "artifacts" / "campaigns" / "orphan"
+    trainers: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and not list(camp_dir.glob("*/checkpoints/checkpoint-2/prl_state.json")):
+            assert proc.poll() is None, "the campaign ended before it could be killed"
+            time.sleep(0.2)
+        trainers = [
+            p for p in psutil.Process(proc.pid).children(recursive=True) if "train" in " ".join(p.cmdline())
+        ]
+        assert trainers
+        proc.send_signal(signal.SIGKILL)  # the campaign process alone, not its tree
+        proc.wait()
+        gone, alive = psutil.wait_procs(trainers, timeout=30)
+        assert not alive, f"orphan trainer(s) still running: {[p.pid for p in alive]}"
+    finally:
+        for p in trainers:
+            if p.is_running():
+                p.kill()
+    lines: list[str] = []
+    summary = run_campaign(path, log=lines.append)
+    assert summary["ran"] == 1 and not summary["failures"], lines
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("orphan").experiment_id], "tags.`prl.run_id` != ''")
+    assert run.data.tags["prl.done"] == "1"
+    assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
+    assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
+    (folder,) = camp_dir.glob("baseline-*")
+    assert steps_of(folder) == [0, 2, 4] and "resuming from" in (folder / "run.log").read_text()
+
