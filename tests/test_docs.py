@@ -23,6 +23,11 @@ def _snippets(page: Path) -> list[str]:
     return out
 
 
+def _commands(page: Path) -> list[str]:
+    """The snippets that are commands: code blocks' lines, and spans that start with ``make``."""
+    return [line for line in _snippets(page) if line.lstrip().startswith(("make ", "$ make ")) or "&&" in line]
+
+
 def _make_targets() -> set[str]:
     return set(re.findall(r"^([a-z][a-z0-9-]*):", (ROOT / "Makefile").read_text(), re.MULTILINE))
 
@@ -52,7 +57,7 @@ def test_every_make_target_named_in_the_docs_exists() -> None:
     targets = _make_targets()
     missing = set()
     for page in PAGES:
-        for line in _snippets(page):
+        for line in _commands(page):
             for name in re.findall(r"(?:^|[;&|(]\s*)make ([a-z][a-z0-9-]*)", line.strip()):
                 if name not in targets:
                     missing.add(f"{page.relative_to(ROOT)}: make {name}")
