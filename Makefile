@@ -98,11 +98,11 @@ lab: $(FULL) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over 
 	  --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
 	  analysis/loo.ipynb
 
-ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5000]
-	$(BIN)/python -m runners ui --tracking-uri sqlite:///$(CURDIR)/mlflow.db --port $(PORT)
+ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store; prints each campaign's curves address: make ui [PORT=5000] [CAMPAIGN=]
+	$(BIN)/python -m runners ui --tracking-uri sqlite:///$(CURDIR)/mlflow.db --port $(PORT) --campaign $(CAMPAIGN)
 
-plan: $(STAMP) ## print the batch plan of a recipe: make plan [RECIPE=scalerl]
-	$(BIN)/python -m runners plan $(RECIPE)
+plan: $(STAMP) ## print the batch plan of a campaign's baseline run, or of a recipe: make plan [CAMPAIGN=loo-cpu | RECIPE=scalerl]
+	$(BIN)/python -m runners plan $(if $(filter command% environment%,$(origin RECIPE)),$(RECIPE),--campaign $(CAMPAIGN))
 
 train: $(STAMP) ## one run of a recipe, tracked in MLflow (experiment 'runs'), then its report: make train [RECIPE=scalerl]
 	$(BIN)/python -m runners train $(RECIPE) --experiment runs
