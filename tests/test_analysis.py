@@ -176,6 +176,21 @@ def test_extrapolation_check_reports_band_verdict_and_expected_error():
     assert ex["in_band"] == (ex["band_lo"] <= ex["observed"] <= ex["band_hi"])
     assert ex["verdict"] in ("predictable", "not yet predictable") and ex["level"] == 0.9
     assert np.isfinite(ex["expected_error"])
+    assert ex["fit_share"] == 0.5 and ex["fit_upto"] == pytest.approx(0.5 * df[X].max())  # the paper's half
+
+
+def test_extrapolation_check_with_few_evaluations_fits_the_share_that_holds_a_fit():
+    """7 evaluations (as loo-cpu's 30 steps, one every 5): the first half holds 3 past zero, a fit
+    needs 4, so the check fits the first two thirds and predicts the last; with 4 past zero there
+    is nothing left to predict, and the row says why."""
+    df = curves({"baseline": (2542, 1.92, 0.61)}, seeds=(0,))
+    seven = df[df["step"] % 13 == 0].head(7)
+    assert (seven[X] > 0).sum() == 6
+    ex = extrapolation_check(seven, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50).iloc[0]
+    assert ex["fit_share"] == pytest.approx(seven[X].iloc[4] / seven[X].iloc[-1])  # the 4th point past zero
+    assert np.isfinite(ex["predicted"]) and ex["band_lo"] <= ex["predicted"] <= ex["band_hi"]
+    few = extrapolation_check(seven.head(5), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50).iloc[0]
+    assert "no check: 4 evaluation(s)" in few["note"] and pd.isna(few["fit_share"])
 
 
 def test_unknown_fit_key_is_refused_with_a_suggestion():
