@@ -240,8 +240,8 @@ def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    def report(uri: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "analysis", "report", "nosuch/seed0", "--tracking-uri", uri]
+    def report(uri: str, ref: str = "nosuch/seed0") -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "analysis", "report", ref, "--tracking-uri", uri]
         return subprocess.run(cmd, capture_output=True, text=True)
 
     # a mistyped store path: said so, and no empty store is left there (MLflow would create one)
@@ -251,6 +251,15 @@ def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
     MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()  # an MLflow store without that run
     res = report(f"sqlite:///{tmp_path}/m.db")
     assert res.returncode == 2 and "no run with id or name 'nosuch/seed0'" in res.stderr
+    assert "it holds no runs yet" in res.stderr
+    # a name that is not a run's (a variant, as `make report RUN=baseline`): the names there are, closest first
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    exp = client.create_experiment("loo-x")
+    for name in ("baseline/seed0", "baseline/seed1", "loss=dapo/seed0"):
+        client.create_run(exp, run_name=name, tags={"prl.run_id": name})
+    res = report(f"sqlite:///{tmp_path}/m.db", "baseline")
+    assert res.returncode == 2 and "did you mean baseline/seed0 or baseline/seed1?" in res.stderr
+    assert "Runs there: baseline/seed0, baseline/seed1, loss=dapo/seed0" in res.stderr
 
 
 def test_a_spliced_run_whose_compute_goes_backwards_is_not_fitted():
