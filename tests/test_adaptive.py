@@ -231,3 +231,19 @@ def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_i
     assert flat.stop and flat.reason.startswith("stop: no gain") and "after its backtest error" in flat.reason
     slow = decide_at(curves, "control=lr_half", 0.5, budgets, cfg)
     assert not slow.stop
+
+
+def test_the_shipped_adaptive_campaign_is_loo_gpu5_with_decision_points():
+    """experiments/campaigns/loo-gpu5-adaptive.yaml: the feature in use, on the study whose full runs
+    are published (results/loo-gpu5): the same runs, recipe for recipe and seed for seed."""
+    from runners.ops.campaign import expand
+
+    adaptive, full = load_campaign("loo-gpu5-adaptive"), load_campaign("loo-gpu5")
+    assert adaptive.adaptive == Adaptive(at=[0.25, 0.5], margin=0.02, risk=0.05, eval_prompts=300)
+
+    def runs(camp) -> list[str]:
+        return sorted(
+            json.dumps({**s.recipe.to_dict(), "name": s.variant}, sort_keys=True, default=str) for s in expand(camp)
+        )
+
+    assert len(runs(adaptive)) == 25 and runs(adaptive) == runs(full)
