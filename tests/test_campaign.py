@@ -577,6 +577,18 @@ def test_a_local_server_runs_tracking_only(tmp_path):
         assert len(children) == 1
 
 
+def test_a_starting_server_says_what_it_is_waiting_for(tmp_path):
+    """A first start creates the store's tables (seconds to a minute on a loaded machine): the
+    server is announced before the wait and said ready, with the time it took, after it."""
+    from runners.ops.tracking import local_server
+
+    store, lines = f"sqlite:///{tmp_path / 'mlflow.db'}", []
+    with local_server(store, tmp_path / "art", log=lines.append) as url:
+        assert lines[0] == f"starting an MLflow tracking server on {url} (store {store}) ..."
+        assert all(line.startswith("  still starting (") for line in lines[1:-1])
+        assert lines[-1].startswith(f"MLflow tracking server {url} (store {store}) ready in ")
+
+
 def _wait_healthy(base: str, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while True:

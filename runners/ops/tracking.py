@@ -113,8 +113,10 @@ def local_server(
         cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ | TRACKING_ONLY
     )
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    log(f"starting an MLflow tracking server on {url} (store {backend_uri}) ...")
     try:
-        deadline = time.time() + 120
+        started = time.time()
+        deadline, said = started + 120, started
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"mlflow server exited with code {proc.returncode}; see {artifacts / 'server.log'}")
@@ -126,11 +128,14 @@ def local_server(
                 pass
             if time.time() > deadline:
                 raise RuntimeError(f"mlflow server did not answer on {url} within 120 s")
+            if time.time() - said >= 10:  # a first start creates the store's tables; a loaded machine is slow
+                said = time.time()
+                log(f"  still starting ({said - started:.0f} s; it answers within 120 s or is stopped)")
             time.sleep(0.5)
         tmp = record.with_suffix(".tmp")
         tmp.write_text(json.dumps({"pid": proc.pid, "port": port, "owner": os.getpid(), "backend_uri": backend_uri}))
         tmp.replace(record)
-        log(f"MLflow tracking server {url} (store {backend_uri})")
+        log(f"MLflow tracking server {url} (store {backend_uri}) ready in {time.time() - started:.0f} s")
         yield url
     finally:
         proc.terminate()
