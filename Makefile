@@ -23,14 +23,15 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or pass PY=python3.x"; exit 1; }
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PY)"; $(PY) -m venv $(VENV); }
+	@$(BIN)/python -m runners.ops.install -r requirements.lock
+	@echo "installing this project into $(VENV), editable"
+	@$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
 
 $(FULL): $(STAMP) requirements-full.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-full.lock
-	touch $(FULL)
+	@$(BIN)/python -m runners.ops.install -r requirements.lock -r requirements-full.lock
+	@touch $(FULL)
 
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
 setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requirements-full.lock)
