@@ -24,7 +24,15 @@ from typing import IO
 
 from runners.ops.campaign import Campaign, CampaignError, RunSpec
 
-PROGRESS_MARKS = ("] step ", "building base model", "SFT", "base model ready", "resuming", "stopped at step", "done in ")
+PROGRESS_MARKS = (
+    "] step ",
+    "building base model",
+    "SFT",
+    "base model ready",
+    "resuming",
+    "stopped at step",
+    "done in ",
+)
 
 
 @dataclass
