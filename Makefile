@@ -23,14 +23,15 @@ help: ## list the targets
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or pass PY=python3.x"; exit 1; }
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
-	touch $(STAMP)
+	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PY)"; $(PY) -m venv $(VENV); }
+	@$(BIN)/python -m runners.ops.install -r requirements.lock
+	@echo "installing this project into $(VENV), editable"
+	@$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
 
 $(FULL): $(STAMP) requirements-full.lock
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock -r requirements-full.lock
-	touch $(FULL)
+	@$(BIN)/python -m runners.ops.install -r requirements.lock -r requirements-full.lock
+	@touch $(FULL)
 
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
 setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requirements-full.lock)
@@ -58,7 +59,7 @@ lint: $(FULL) ## ruff only
 fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → artifacts/fit-demo/{fit.json,fit.png}
 	$(BIN)/python -m scalefit demo --out artifacts/fit-demo
 
-bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; time and memory at 1k-200k points
+bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; fit and forecast time and peak memory up to 200k points
 	$(BIN)/python -m tests.bench_fit
 
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
@@ -98,11 +99,11 @@ lab: $(FULL) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over 
 	  --ServerApp.open_browser=False --ServerApp.root_dir=$(CURDIR) $$([ "$$(id -u)" = 0 ] && echo --allow-root) \
 	  analysis/loo.ipynb
 
-ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store: make ui [PORT=5000]
-	$(BIN)/python -m runners ui --tracking-uri sqlite:///$(CURDIR)/mlflow.db --port $(PORT)
+ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store; prints each campaign's curves address: make ui [PORT=5000] [CAMPAIGN=]
+	$(BIN)/python -m runners ui --tracking-uri sqlite:///$(CURDIR)/mlflow.db --port $(PORT) --campaign $(CAMPAIGN)
 
-plan: $(STAMP) ## print the batch plan of a recipe: make plan [RECIPE=scalerl]
-	$(BIN)/python -m runners plan $(RECIPE)
+plan: $(STAMP) ## print the batch plan of a campaign's baseline run, or of a recipe: make plan [CAMPAIGN=loo-cpu | RECIPE=scalerl]
+	$(BIN)/python -m runners plan $(if $(filter command% environment%,$(origin RECIPE)),$(RECIPE),--campaign $(CAMPAIGN))
 
 train: $(STAMP) ## one run of a recipe, tracked in MLflow (experiment 'runs'), then its report: make train [RECIPE=scalerl]
 	$(BIN)/python -m runners train $(RECIPE) --experiment runs

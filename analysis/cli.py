@@ -21,6 +21,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     else:
         uri = args.tracking_uri or default_tracking_uri()
         table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
+        print(ui_address(camp.name, uri))
     unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
     if unfinished:
         print(
@@ -29,6 +30,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def ui_address(campaign: str, uri: str) -> str:
+    """Where MLflow's UI shows a campaign's curves (``runners.ops.ui``): on the tracking server, or
+    on ``make ui``'s default port over a local store."""
+    from runners.ops import store, ui
+
+    exp_id = store.experiment_id(store.read_client(uri), campaign)
+    if uri.startswith(("http://", "https://")):
+        return f"curves in MLflow's UI: {ui.campaign_url(uri, exp_id)}"
+    return f"curves in MLflow's UI: make ui, then open {ui.campaign_url('http://127.0.0.1:5000', exp_id)}"
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -412,10 +412,27 @@ def to_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+MIN_FIT_POINTS = 4  # scalefit fits a sigmoid to at least this many points with compute above zero
+
+
+def fit_share(g: pd.DataFrame, x: str, frac: float = 0.5, exclude_below: float | None = None) -> float | None:
+    """The share of a variant's compute to fit on for an extrapolation check: ``frac`` (the paper's
+    half), or more when that holds fewer than the ``MIN_FIT_POINTS`` a fit needs (seeds pooled, as
+    the fit pools them); None when no share leaves an evaluation after them to predict."""
+    end = float(g[x].max())
+    xs = np.sort(g[x].to_numpy(float))
+    xs = xs[(xs > 0) & (xs >= (exclude_below or 0))]
+    if end <= 0 or len(xs) < MIN_FIT_POINTS or xs[MIN_FIT_POINTS - 1] >= end:
+        return None
+    return max(frac, float(xs[MIN_FIT_POINTS - 1]) / end)
+
+
 def extrapolation_check(
     curves: pd.DataFrame, fit: dict[str, Any] | None = None, frac: float = 0.5, n_boot: int = 400
 ) -> pd.DataFrame:
-    """Fit each variant on its first ``frac`` of compute and predict its final value (seeds pooled).
+    """Fit each variant on its first ``frac`` of compute and predict its final value (seeds pooled);
+    a variant whose first ``frac`` holds too few evaluations to fit is fitted on the smallest share
+    that holds enough (``fit_share``, in the row).
 
     The observed final value is the mean over seeds of each seed's last evaluation; the error is
     predicted - observed; the prediction band is for that mean of the seeds' evaluations, at the
@@ -429,8 +446,17 @@ def extrapolation_check(
         by_seed = g.sort_values(x).groupby("seed")
         last = by_seed.last()
         x_end, observed = float(last[x].mean()), float(last[y].mean())
-        row = {"variant": variant, "fit_upto": frac * float(g[x].max()), "x_final": x_end, "observed": observed}
+        share = fit_share(g, x, frac, cfg["exclude_below"])
+        row = {"variant": variant, "fit_share": share, "x_final": x_end, "observed": observed}
+        row["fit_upto"] = (share or frac) * float(g[x].max())
         row["observed_last3"] = float(by_seed.tail(3)[y].mean())  # less sensitive to one noisy evaluation
+        if share is None:
+            row["note"] = (
+                f"no check: {int((g[x] > 0).sum())} evaluation(s) with {x} > 0; a fit needs {MIN_FIT_POINTS}, and a"
+                " later one to predict"
+            )
+            rows.append(row)
+            continue
         try:
             f, fc = _forecast_variant(g, cfg, a_grid, n_boot, fit_upto=row["fit_upto"], target=x_end)
             pred = float(f.predict(np.array([x_end]))[0])
@@ -454,13 +480,22 @@ def extrapolation_check(
     return pd.DataFrame(rows)
 
 
-def runs_markdown(curves: pd.DataFrame, client: MlflowClient) -> str:
-    """One line per run with its last mean@16 and where its written report is (``runs:/`` URIs open in MLflow)."""
+def report_folder(out: Path, variant: str, seed: int) -> Path:
+    """Where ``analysis fit`` keeps a run's report beside the table (``out/reports/<variant>-seed<n>``)."""
+    return out / "reports" / f"{variant}-seed{seed}".replace("=", "-").replace("/", "-")
+
+
+def runs_markdown(curves: pd.DataFrame, out: Path) -> str:
+    """One line per run with its last mean@16 and a link to its report, relative to ``out`` (where
+    ``runs.md`` is written: the link opens in any Markdown viewer of the folder)."""
     lines = ["| run | variant | seed | status | last mean@16 | report |", "|---|---|---|---|---|---|"]
     for run_id, g in curves.groupby("run_id", sort=False):
         g = g.sort_values("step")
-        tag = client.get_run(run_id).data.tags.get(store.REPORT)
-        link = f"`runs:/{run_id}/{tag}`" if tag else "none (`make report RUN=" + run_id + "`)"
+        report = report_folder(out, g["variant"].iloc[0], g["seed"].iloc[0]) / "report.md"
+        if report.is_file():
+            link = f"[{report.parent.name}]({report.relative_to(out).as_posix()})"
+        else:
+            link = "none (`make report RUN=" + run_id + "`)"
         stopped = g["stopped"].iloc[0] if "stopped" in g else ""
         status = (
             f"stopped {stopped}"
@@ -475,24 +510,43 @@ def runs_markdown(curves: pd.DataFrame, client: MlflowClient) -> str:
 
 
 def write_missing_reports(curves: pd.DataFrame, client: MlflowClient, out: Path, log=print) -> int:
-    """Each finished run without a written report gets one (``analysis.report``), logged to the run;
-    a report that fails is named, and the rest go on. Returns how many were written."""
+    """Each finished run gets its report under ``out/reports/`` (``report_folder``): one written
+    earlier and logged to the run is copied from there, and a run without one gets one written
+    (``analysis.report``) and logged to it; a report that fails is named, and the rest go on.
+    Returns how many were written."""
     from analysis.report import write_run_report
 
     written = 0
     ended = curves["done"] | (curves["stopped"].fillna("") != "") if "stopped" in curves else curves["done"]
     for run_id, g in curves[ended].groupby("run_id", sort=False):
-        if client.get_run(run_id).data.tags.get(store.REPORT):
+        folder = report_folder(out, g["variant"].iloc[0], g["seed"].iloc[0])
+        if (folder / "report.md").is_file():
             continue
-        name = f"{g['variant'].iloc[0]}-seed{g['seed'].iloc[0]}".replace("=", "-").replace("/", "-")
+        if client.get_run(run_id).data.tags.get(store.REPORT):
+            _copy_logged_report(client, run_id, folder)
+            continue
         try:
-            write_run_report(run_id, out / name, tracking_uri=client.tracking_uri)
+            write_run_report(run_id, folder, tracking_uri=client.tracking_uri)
             written += 1
         except Exception as e:  # noqa: BLE001 - one run's plots must not stop the campaign's table
             log(f"warning: no report for run {run_id} ({type(e).__name__}: {e})")
     if written:
         log(f"run reports: {written} written under {out}/ and logged to their runs")
     return written
+
+
+def _copy_logged_report(client: MlflowClient, run_id: str, folder: Path) -> None:
+    """A run's logged report (artifacts ``report/``) into ``folder``, complete or not at all."""
+    import shutil
+    import tempfile
+
+    from mlflow.artifacts import download_artifacts
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        got = download_artifacts(run_id=run_id, artifact_path="report", dst_path=tmp, tracking_uri=client.tracking_uri)
+        shutil.rmtree(folder, ignore_errors=True)
+        Path(got).rename(folder)
 
 
 def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None, title: str = "") -> pd.DataFrame:
@@ -502,21 +556,30 @@ def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None
     table, extra = fit_table(curves, fit)
     table.to_csv(out / "loo_table.csv", index=False)
     (out / "loo_table.md").write_text(to_markdown(table))
-    x = _fit_config(fit)[0]["x"]
-    unfitted = {  # measured but with no fit (flat, spliced): drawn as points, never left out
-        v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
-    }
-    if extra["fits"] or unfitted:
-        plot_fits(
-            extra["fits"],
-            out / "loo_curves.png",
-            forecasts=extra["forecasts"],
-            xlabel=x,
-            title=f"{title}: mean@16 vs compute, sigmoid fits" if title else None,
-            unfitted=unfitted,
-        )
+    plot_campaign(curves, extra, out / "loo_curves.png", fit, title)
     extrapolation_check(curves, fit).to_csv(out / "extrapolation.csv", index=False)
     return table
+
+
+def plot_campaign(
+    curves: pd.DataFrame, extra: dict, path: Path, fit: dict[str, Any] | None = None, title: str = ""
+) -> Path | None:
+    """The LOO plot: every variant's points, and its fit with both bands where it has one (``extra``
+    as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
+    x = _fit_config(fit)[0]["x"]
+    unfitted = {
+        v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
+    }
+    if not (extra["fits"] or unfitted):
+        return None
+    return plot_fits(
+        extra["fits"],
+        path,
+        forecasts=extra["forecasts"],
+        xlabel=x,
+        title=f"{title}: mean@16 vs compute, sigmoid fits" if title else None,
+        unfitted=unfitted,
+    )
 
 
 def write_report(
@@ -535,8 +598,8 @@ def write_report(
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, fit, title=campaign)
     client = store.read_client(tracking_uri)
-    write_missing_reports(curves, client, out / "reports", log=log)
-    (out / "runs.md").write_text(runs_markdown(curves, client))
+    write_missing_reports(curves, client, out, log=log)
+    (out / "runs.md").write_text(runs_markdown(curves, out))
     identical = set(table.loc[table["identical_to_baseline"], "variant"]) if "identical_to_baseline" in table else set()
     mechanisms = evidence.acted(evidence.mechanism_runs(curves, client), identical)
     mechanisms.to_csv(out / "mechanisms.csv", index=False)

@@ -89,13 +89,28 @@ def resolve_run(client: MlflowClient, ref: str, experiment: str | None = None) -
         else []
     )
     if not runs:
-        raise ValueError(f"no run with id or name {ref!r} at {client.tracking_uri}")
+        raise ValueError(f"no run with id or name {ref!r} at {client.tracking_uri}" + _known_names(client, ids, ref))
     if len({r.info.experiment_id for r in runs}) == 1:
         return runs[0]  # the same name in one campaign (an earlier identity of the run): the newest
     if len(runs) > 1:
         where = ", ".join(f"{r.info.run_id} ({client.get_experiment(r.info.experiment_id).name})" for r in runs)
         raise ValueError(f"{len(runs)} runs are named {ref!r}: {where}; pass a run id or --experiment")
     return runs[0]
+
+
+def _known_names(client: MlflowClient, exp_ids: list[str], ref: str, shown: int = 30) -> str:
+    """What to pass instead of ``ref``: the names of the runs there are (the closest first), or that
+    there are none."""
+    import difflib
+
+    found = client.search_runs(exp_ids, f"tags.`{store.RUN_ID}` != ''", max_results=5000) if exp_ids else []
+    names = sorted({r.info.run_name for r in found})
+    if not names:
+        return "; it holds no runs yet"
+    close = [n for n in names if n.startswith(f"{ref}/")] or difflib.get_close_matches(ref, names, n=3, cutoff=0.5)
+    hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
+    rest = f" … and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{hint} Runs there: {', '.join(names[:shown])}{rest}"
 
 
 def histories(client: MlflowClient, run: Run) -> dict[str, pd.Series]:

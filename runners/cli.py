@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 from pathlib import Path
 
-from runners.ops.campaign import CampaignError
+from runners.ops.campaign import CampaignError, load_campaign
 from runners.ops.folders import RunFolderError, check_writable
 from runners.ops.locks import Busy, die_with_parent
 from runners.ops.postgres import PostgresError
@@ -24,8 +25,43 @@ def _recipe(args: argparse.Namespace):
 def cmd_plan(args: argparse.Namespace) -> int:
     from runners.rl.plan import format_plan
 
-    print(format_plan(_recipe(args)))
+    if args.campaign and args.recipe:
+        raise RecipeError(f"plan: a recipe ({args.recipe}) or --campaign {args.campaign}, not both")
+    if not (args.campaign or args.recipe):
+        raise RecipeError("plan: name a recipe (e.g. scalerl) or a campaign (--campaign loo-cpu)")
+    if args.campaign:
+        recipe, about = campaign_baseline(args.campaign, dict(parse_override(s) for s in args.set or []))
+        print(about + "\n")
+    else:
+        recipe = _recipe(args)
+    print(format_plan(recipe))
     return 0
+
+
+def campaign_baseline(ref: str, sets: dict) -> tuple:
+    """A campaign's baseline run as it runs (its recipe with the campaign's overrides, and ``sets``),
+    and a line saying what that is."""
+    from runners.ops.campaign import expand
+    from runners.recipe import apply_overrides, raw_recipe, recipe_from_dict
+
+    camp = load_campaign(ref)
+    specs = expand(camp)
+    base = next((s for s in specs if s.variant == "baseline"), specs[0])
+    recipe = base.recipe
+    if sets:
+        over = {**camp.overrides, "train.seed": base.seed, "name": recipe.name, **sets}
+        recipe = recipe_from_dict(apply_overrides(raw_recipe(camp.baseline), over))
+
+    def listed(d: dict) -> str:
+        return ", ".join(f"{k}={v}" for k, v in d.items()) or "none"
+
+    about = (
+        f"campaign {camp.name} ({camp.path}): its {base.variant} run is recipe {camp.baseline} with the campaign's"
+        f" overrides ({listed(camp.overrides)})" + (f" and --set {listed(sets)}" if sets else "") + f"; its other"
+        f" {len(specs) - 1} runs change what their variant's name says (python -m runners campaign {camp.name}"
+        " --dry-run lists them)"
+    )
+    return recipe, about
 
 
 def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) -> int:
@@ -197,6 +233,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
             env=os.environ | TRACKING_ONLY,
         ) as proc:
             print(f"MLflow UI: http://127.0.0.1:{args.port}  (store {uri}; Ctrl-C stops it)", flush=True)
+            print_campaign_urls(uri, f"http://127.0.0.1:{args.port}", args.campaign)
             code = proc.wait()
     except KeyboardInterrupt:
         return 0
@@ -205,6 +242,27 @@ def cmd_ui(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 1
+
+
+def print_campaign_urls(uri: str, base: str, first: str | None = None) -> None:
+    """The address of each campaign's curves in the UI (``runners.ops.ui``), ``first`` first."""
+    from mlflow.tracking import MlflowClient
+
+    from runners.ops import ui
+    from runners.ops.store import existing_store
+
+    try:
+        views = ui.campaign_views(MlflowClient(existing_store(uri)), base)
+    except StoreError:
+        views = []
+    if first:  # a campaign file's path or name: its experiment is named after the file's `name`
+        with contextlib.suppress(CampaignError):
+            first = load_campaign(first).name
+        views.sort(key=lambda v: v[0] != first)
+    if not views:
+        print("  no campaign in this store yet: make ablation runs one", flush=True)
+    for name, url in views:
+        print(f"  campaign {name}, mean@16 against compute for every run: {url}", flush=True)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
@@ -313,9 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runners", description="RL runs of ScaleRL-style recipes on TRL.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def add(name: str, func, help_: str) -> argparse.ArgumentParser:
+    def add(name: str, func, help_: str, optional: bool = False) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help_, description=help_)
-        sp.add_argument("recipe", help="recipe file or name in experiments/recipes (e.g. scalerl)")
+        sp.add_argument(
+            "recipe", nargs="?" if optional else None, help="recipe file or name in experiments/recipes (e.g. scalerl)"
+        )
         sp.add_argument(
             "--set",
             action="append",
@@ -325,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments")
+    pl = add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments", True)
+    pl.add_argument("--campaign", help="plan a campaign's baseline run (its recipe with the campaign's overrides)")
     t = add(
         "train",
         cmd_train,
@@ -391,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     u.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
+    u.add_argument("--campaign", help="list this campaign's address first (its file or name)")
     u.set_defaults(func=cmd_ui)
     ts = sub.add_parser(
         "tracking-server",

@@ -207,10 +207,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
     check_writable(args.plot, "--plot")
     curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
     kwargs = _fit_kwargs(args)
-    fits, fcs, results, texts = {}, {}, {}, []
+    fits, fcs, results, texts, failed = {}, {}, {}, [], {}
     for name, (c, v, seeds) in curves.items():
         print(f"fitting {name} ({len(c)} points)...", file=sys.stderr)
-        f = _fit_one(name, c, v, seeds, kwargs)
+        try:
+            f = _fit_one(name, c, v, seeds, kwargs)
+        except FitError as e:  # one bad curve of many: the others are still fitted and reported
+            if len(curves) == 1:
+                raise
+            failed[name] = str(e)
+            continue
         out = f.to_dict()
         extra: dict[str, Any] = {}
         fc = _forecast(f, args)
@@ -232,14 +238,24 @@ def cmd_fit(args: argparse.Namespace) -> int:
             fcs[name] = fc
         texts.append(_summary(name, f, fc, extra))
     summary_stream = sys.stderr if args.json == "-" else sys.stdout
-    print("\n".join(texts), file=summary_stream)
-    payload = next(iter(results.values())) if len(results) == 1 else {"runs": results}
+    if texts:
+        print("\n".join(texts), file=summary_stream)
+    if len(curves) == 1:
+        payload = next(iter(results.values()))
+    else:
+        payload = {"runs": results, **({"failed": failed} if failed else {})}
     _write_json(payload, args.json)
-    if args.plot:
+    if args.plot and fits:
         from scalefit.plot import plot_fits
 
         path = plot_fits(fits, args.plot, forecasts=fcs, xlabel=args.x, ylabel=args.y)
         print(f"plot written to {path}", file=summary_stream)
+    for message in failed.values():
+        print(f"error: {message}", file=sys.stderr)
+    if failed:
+        done = f"; the other {len(fits)} are above" if fits else ""
+        print(f"error: {len(failed)} of {len(curves)} curves not fitted{done}", file=sys.stderr)
+        return 2
     return 0
 
 

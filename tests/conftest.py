@@ -16,13 +16,16 @@ def cache_dir(tmp_path_factory) -> Path:
     return d
 
 
+BUILD_LOG: list[str] = []  # what the session's tiny base-model build printed
+
+
 @pytest.fixture(scope="session")
 def tiny_base(cache_dir) -> Path:
     """The embedded 'tiny' base model, SFT warm start included (about 15 s on 2 cores)."""
     from runners.task.basemodel import ensure_base_model
     from runners.task.tasks import ArithmeticTask
 
-    return ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=lambda m: None)
+    return ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=BUILD_LOG.append)
 
 
 @pytest.fixture(scope="session")

@@ -281,3 +281,19 @@ def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_wor
         assert not (folder / "STOP").exists()
         assert json.loads(client.get_run(run_id).data.tags[decision_tag(0.5)])["stop"] is False
     assert monitor.saved()["share_saved"] > 0
+
+
+def test_the_shipped_adaptive_campaign_is_loo_gpu5_with_decision_points():
+    """experiments/campaigns/loo-gpu5-adaptive.yaml: the feature in use, on the study whose full runs
+    are published (results/loo-gpu5): the same runs, recipe for recipe and seed for seed."""
+    from runners.ops.campaign import expand
+
+    adaptive, full = load_campaign("loo-gpu5-adaptive"), load_campaign("loo-gpu5")
+    assert adaptive.adaptive == Adaptive(at=[0.25, 0.5], margin=0.02, risk=0.05, eval_prompts=300)
+
+    def runs(camp) -> list[str]:
+        return sorted(
+            json.dumps({**s.recipe.to_dict(), "name": s.variant}, sort_keys=True, default=str) for s in expand(camp)
+        )
+
+    assert len(runs(adaptive)) == 25 and runs(adaptive) == runs(full)

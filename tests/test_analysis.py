@@ -183,6 +183,21 @@ def test_extrapolation_check_predicts_a_clean_curve_from_its_first_half_only():
     ex2 = extrapolation_check(tampered, fit, n_boot=100).iloc[0]
     assert (ex2["predicted"], ex2["band_lo"], ex2["band_hi"]) == (ex["predicted"], ex["band_lo"], ex["band_hi"])
     assert ex2["observed"] == pytest.approx(0.05) and not ex2["in_band"] and ex["in_band"]
+    assert ex["fit_share"] == 0.5 and ex["fit_upto"] == pytest.approx(0.5 * df[X].max())  # the paper's half
+
+
+def test_extrapolation_check_with_few_evaluations_fits_the_share_that_holds_a_fit():
+    """7 evaluations (as loo-cpu's 30 steps, one every 5): the first half holds 3 past zero, a fit
+    needs 4, so the check fits the first two thirds and predicts the last; with 4 past zero there
+    is nothing left to predict, and the row says why."""
+    df = curves({"baseline": (2542, 1.92, 0.61)}, seeds=(0,))
+    seven = df[df["step"] % 13 == 0].head(7)
+    assert (seven[X] > 0).sum() == 6
+    ex = extrapolation_check(seven, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50).iloc[0]
+    assert ex["fit_share"] == pytest.approx(seven[X].iloc[4] / seven[X].iloc[-1])  # the 4th point past zero
+    assert np.isfinite(ex["predicted"]) and ex["band_lo"] <= ex["predicted"] <= ex["band_hi"]
+    few = extrapolation_check(seven.head(5), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50).iloc[0]
+    assert "no check: 4 evaluation(s)" in few["note"] and pd.isna(few["fit_share"])
 
 
 def test_unknown_fit_key_is_refused_with_a_suggestion():
@@ -232,8 +247,8 @@ def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
 
     from mlflow.tracking import MlflowClient
 
-    def report(uri: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "analysis", "report", "nosuch/seed0", "--tracking-uri", uri]
+    def report(uri: str, ref: str = "nosuch/seed0") -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "analysis", "report", ref, "--tracking-uri", uri]
         return subprocess.run(cmd, capture_output=True, text=True)
 
     # a mistyped store path: said so, and no empty store is left there (MLflow would create one)
@@ -243,6 +258,15 @@ def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
     MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()  # an MLflow store without that run
     res = report(f"sqlite:///{tmp_path}/m.db")
     assert res.returncode == 2 and "no run with id or name 'nosuch/seed0'" in res.stderr
+    assert "it holds no runs yet" in res.stderr
+    # a name that is not a run's (a variant, as `make report RUN=baseline`): the names there are, closest first
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    exp = client.create_experiment("loo-x")
+    for name in ("baseline/seed0", "baseline/seed1", "loss=dapo/seed0"):
+        client.create_run(exp, run_name=name, tags={"prl.run_id": name})
+    res = report(f"sqlite:///{tmp_path}/m.db", "baseline")
+    assert res.returncode == 2 and "did you mean baseline/seed0 or baseline/seed1?" in res.stderr
+    assert "Runs there: baseline/seed0, baseline/seed1, loss=dapo/seed0" in res.stderr
 
 
 def test_a_spliced_run_whose_compute_goes_backwards_is_not_fitted():

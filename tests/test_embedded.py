@@ -115,6 +115,19 @@ def test_a_change_to_the_build_code_is_reviewed_against_build_version():
     )
 
 
+def test_the_base_model_build_reports_its_progress_with_the_time_left(tiny_base):
+    """A build takes minutes on a CPU: it says so at every tenth of its SFT steps, with the time left,
+    and before it evaluates the result."""
+    from tests.conftest import BUILD_LOG
+
+    steps = [line for line in BUILD_LOG if line.startswith("  SFT step ")]
+    assert BUILD_LOG[1] == "  SFT: 150 steps of 32 demonstrations", BUILD_LOG
+    tenths = [f"  SFT step {15 * k}/150 ({10 * k}%), " for k in range(1, 11)]  # (and more on a slow machine)
+    assert all(any(line.startswith(t) for line in steps) for t in tenths), steps
+    assert all("left" in line for line in steps[:-1]) and steps[-1].startswith(tenths[-1])
+    assert any(line.startswith("  SFT done; evaluating the base model on 100 prompts") for line in BUILD_LOG)
+
+
 def test_base_model_is_cached_by_config(tiny_base, cache_dir):
     stamp = (tiny_base / "model.safetensors").stat().st_mtime_ns
     again = ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=pytest.fail)

@@ -336,6 +336,26 @@ def test_compare_names_the_run_that_cannot_be_fitted(tmp_path):
     assert r.returncode == 2 and "flat: no sigmoid gain" in r.stderr
 
 
+def test_fit_of_several_curves_reports_each_and_fails_only_the_bad_one(tmp_path):
+    """One flat curve among good ones: the good fits are printed, written and plotted, the flat one
+    is named, and the exit code (2) says that not every curve was fitted."""
+    frames = [pd.DataFrame({"run": "flat", "h": np.linspace(0, 16_000, 40), "m": 0.3})]
+    for name, seed in (("base", 1), ("variant", 2)):
+        c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=seed)
+        frames.append(pd.DataFrame({"run": name, "h": c, "m": v}))
+    csv, js, png = tmp_path / "three.csv", tmp_path / "fit.json", tmp_path / "fit.png"
+    pd.concat(frames).to_csv(csv, index=False)
+    r = _run_cli(
+        "fit", str(csv), "--x", "h", "--y", "m", "--bootstrap", "0", "--json", str(js), "--plot", str(png), check=False
+    )
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "base: " in r.stdout and "variant: " in r.stdout and "A " in r.stdout  # both good fits reported
+    assert "error: flat: no sigmoid gain" in r.stderr and "1 of 3 curves not fitted" in r.stderr
+    res = json.loads(js.read_text())
+    assert set(res["runs"]) == {"base", "variant"} and "flat" in res["failed"]
+    assert png.stat().st_size > 10_000
+
+
 def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 

@@ -21,7 +21,7 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from runners.ops import store
+from runners.ops import store, ui
 from runners.ops.campaign import (
     STOP_FILE,
     Campaign,
@@ -29,6 +29,7 @@ from runners.ops.campaign import (
     RunSpec,
     code_version,
     expand,
+    fit_settings,
     fmt_value,
     load_campaign,
 )
@@ -107,6 +108,7 @@ def _run_campaign(
 
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
+    ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit)["x"])  # the UI opens on the curves
     root = runs_root / camp.name
     status = {s.run_key: status_of(existing.get(s.run_key)) for s in specs}
     skip = {"done"} if resume_stopped else {"done", "stopped"}

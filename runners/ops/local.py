@@ -27,7 +27,15 @@ from typing import IO
 from runners.ops.campaign import Campaign, CampaignError, RunSpec
 from runners.ops.locks import child_env
 
-PROGRESS_MARKS = ("] step ", "building base model", "base model ready", "resuming", "stopped at step", "done in ")
+PROGRESS_MARKS = (
+    "] step ",
+    "building base model",
+    "SFT",
+    "base model ready",
+    "resuming",
+    "stopped at step",
+    "done in ",
+)
 
 
 @dataclass

@@ -135,7 +135,9 @@ def serve(
         info = {"pid": proc.pid, "port": port, "token": token, "backend_uri": backend_uri, **servers.owner()}
         tmp.write_text(json.dumps(info))
         tmp.replace(record)
-        deadline = time.time() + 120
+        started = said = time.time()
+        deadline = started + 120
+        log(f"starting {what} on {url} (store {backend_uri}) ...")
         while True:
             if proc.poll() is not None:
                 holder = servers.port_holder(port, host)
@@ -152,7 +154,11 @@ def serve(
                 pass
             if time.time() > deadline:
                 raise servers.ServerError(f"{what} did not answer on {url} within 120 s")
+            if time.time() - said >= 10:  # a first start creates the store's tables; a loaded machine is slow
+                said = time.time()
+                log(f"  still starting ({said - started:.0f} s; it answers within 120 s or is stopped)")
             time.sleep(0.5)
+        log(f"{what} answers on {url} ({time.time() - started:.0f} s)")
         yield proc
     finally:
         servers.stop({p.pid: p for p in (main, *servers.processes(token))}.values())

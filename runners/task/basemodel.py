@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset, disable_progress_bars
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
 from runners.rl.evaluation import evaluate
@@ -30,7 +30,7 @@ from runners.task.tokenizer import build_tokenizer
 BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes what gets built
 # build_fingerprint() when BUILD_VERSION was last reviewed: tests/test_embedded.py fails when the build
 # code changes until both are looked at (bump the version if what is built changes, then this)
-BUILD_FINGERPRINT = "6e3ba36a97b56277"
+BUILD_FINGERPRINT = "95981ae85dcef8ad"
 
 
 def build_fingerprint() -> str:
@@ -166,7 +166,9 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         gradient_checkpointing=False,  # SFTConfig turns it on; off, the build is faster and bitwise the same
     )
     use_one_gpu(args)  # one device is plenty for the warm start
-    trainer = SFTTrainer(model=model, args=args, train_dataset=demos, processing_class=tokenizer)
+    trainer = SFTTrainer(
+        model=model, args=args, train_dataset=demos, processing_class=tokenizer, callbacks=[SFTProgress(log)]
+    )
     trainer.train()
     shutil.rmtree(out / "sft", ignore_errors=True)
     model = trainer.model
@@ -174,6 +176,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    log(f"  SFT done; evaluating the base model on {min(eval_prompts, len(val))} prompts x 16 samples")
     metrics = evaluate(model, tokenizer, val[:eval_prompts], max_new_tokens=task.max_completion_chars())
     samples = metrics.pop("samples")
     log(f"  SFT {spec.sft_steps} steps; validation on {min(eval_prompts, len(val))} prompts: {metrics}")
@@ -186,6 +189,37 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         "samples": samples,
         "seconds": time.perf_counter() - t0,
     }
+
+
+class SFTProgress(TrainerCallback):
+    """Logs the warm start's progress at every tenth of its steps, or after ``every`` seconds if that
+    comes first: step, share done, time so far and the time left at the pace so far (a build takes
+    minutes on a CPU)."""
+
+    def __init__(self, log, every: float = 30.0) -> None:
+        self.log, self.every = log, every
+        self.start = self.last = 0.0
+
+    def on_train_begin(self, args, state, control, **kwargs) -> None:
+        self.start = self.last = time.perf_counter()
+        self.log(f"  SFT: {state.max_steps} steps of {args.per_device_train_batch_size} demonstrations")
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        now = time.perf_counter()
+        done, total = state.global_step, state.max_steps
+        tenth = done * 10 // total > (done - 1) * 10 // total  # crossed a tenth of the steps
+        if not tenth and now - self.last < self.every:
+            return
+        self.last = now
+        left = (now - self.start) / max(done, 1) * (total - done)
+        self.log(
+            f"  SFT step {done}/{total} ({done / total:.0%}), {_duration(now - self.start)} so far"
+            + (f", about {_duration(left)} left" if done < total else "")
+        )
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
 
 
 def use_one_gpu(args) -> None:

@@ -1,0 +1,130 @@
+"""MLflow's UI as a user first sees it: a fresh headless Chromium (Debian's) opening the address
+``make ui`` prints, over a store a real tiny campaign wrote and ``analysis fit`` fitted."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runners.ops import store as prl_store
+from runners.ops.campaign_runs import run_campaign
+from runners.ops.tracking import free_port
+from tests.test_campaign import write_campaign
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, tiny_base):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    return uri
+
+
+def fresh_browser(url: str, wait_for: list[str], shot: Path, tries: int = 3) -> str:
+    """The DOM of ``url`` after a headless Chromium with a new, empty profile (no local storage: a
+    first visit) ran its scripts, and its screenshot in ``shot``; rendered again (new profile) until
+    every string of ``wait_for`` shows, at most ``tries`` times."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "the UI test needs Debian's headless Chromium: apt-get install chromium (make test does)"
+    dom = ""
+    for _ in range(tries):
+        with tempfile.TemporaryDirectory() as profile:
+            cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+            cmd += [f"--user-data-dir={profile}", "--window-size=1600,1000", "--virtual-time-budget=60000"]
+            cmd += [f"--screenshot={shot}", "--dump-dom", url]
+            dom = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
+        if all(w in dom for w in wait_for):
+            break
+    Path(tempfile.gettempdir(), "prl-last-rendered.html").write_text(dom)  # for a failure's post-mortem
+    return dom
+
+
+def _wait_healthy(base: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise AssertionError(f"no MLflow UI at {base}")
+
+
+def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, tmp_path):
+    """A first visit to the printed address lands on the campaign's runs (each one listed, not a
+    collapsed parent), in the training workflow (not GenAI), with mean@16 of every run drawn against
+    the campaign's compute axis; the fitted LOO table and plot are one click away."""
+    path = write_campaign(
+        tmp_path / "ui.yaml", "ui-check", 2, {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}}
+    )
+    assert not run_campaign(path, log=lambda m: None)["failures"]
+    fit = subprocess.run([sys.executable, "-m", "analysis", "fit", str(path)], capture_output=True, text=True)
+    assert fit.returncode == 0, fit.stderr
+    assert "curves in MLflow's UI: make ui, then open http://127.0.0.1:5000/#/experiments/" in fit.stdout
+    client = MlflowClient(store)
+    exp_id = client.get_experiment_by_name("ui-check").experiment_id
+    parent = prl_store.parent_run(client, exp_id).info.run_id
+    assert {"loo/loo_table.md", "loo/loo_curves.png", "loo/runs.md"} <= {
+        a.path for a in client.list_artifacts(parent, "loo")
+    }
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port), "--campaign", str(path)]
+    ui = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        lines = [ui.stdout.readline() for _ in range(2)]
+        assert lines[0].startswith(f"MLflow UI: http://127.0.0.1:{port}"), lines
+        assert lines[1].startswith("  campaign ui-check, mean@16 against compute for every run: "), lines
+        url = lines[1].split(": ", 1)[1].strip()
+        _wait_healthy(f"http://127.0.0.1:{port}")
+
+        shot = tmp_path / "first-visit.png"
+        legend = [f"{run}/seed0 (val/mean_at_16)" for run in ("baseline", "loss=dapo")]
+        dom = fresh_browser(url, legend, shot)
+        Path(tempfile.gettempdir(), "prl-ui-first-visit.png").write_bytes(shot.read_bytes())
+        assert all(entry in dom for entry in legend)  # each run's mean@16 is drawn in the chart
+        assert 'class="xtitle"' in dom and 'data-unformatted="compute/gpu_hours"' in dom  # the campaign's fit.x
+        assert ">baseline/seed0<" in dom and ">loss=dapo/seed0<" in dom  # both runs listed, not folded away
+        assert "No charts in this section" not in dom and "Detect Issues" not in dom
+        image = matplotlib.image.imread(shot)
+        assert image.shape[:2] == (1000, 1600) and image.std() > 0.05  # a page was drawn, not a blank one
+
+        # the description above the runs links the fitted plot in the parent run's artifacts
+        link = f"#/experiments/{exp_id}/runs/{parent}/artifacts/loo/loo_curves.png?workflowType=machine_learning"
+        assert f'href="{link}"' in dom
+        artifact = fresh_browser(f"http://127.0.0.1:{port}/{link}", ["loo/loo_curves.png"], tmp_path / "plot.png")
+        assert "loo/loo_curves.png" in artifact and "loo_table.md" in artifact
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+        ui.stdout.close()
+
+
+def test_a_campaigns_view_is_a_saved_view_of_its_runs_against_its_compute_axis():
+    """The state the saved view holds: the campaign's runs (its parent filtered out, so none is
+    folded under it), every one shown, and mean@16 against the fit's x in the first section."""
+    from runners.ops.ui import CHILD_RUNS, campaign_url, view_state
+
+    state = view_state("compute/tokens", ["train/loss", "val/pass_at_16", "system/cpu_utilization_percentage"])
+    assert state["searchFilter"] == CHILD_RUNS == "tags.`prl.variant` != ''" and state["runsHiddenMode"] == "SHOW_ALL"
+    first, *others = state["compareRunSections"]
+    assert first["display"] and not any(s["display"] for s in others)
+    assert {"train", "val", "System metrics"} <= {s["name"] for s in others}
+    (chart, _) = [c for c in state["compareRunCharts"] if c["metricSectionId"] == first["uuid"]]
+    assert chart["metricKey"] == "val/mean_at_16" and chart["selectedXAxisMetricKey"] == "compute/tokens"
+    json.dumps(state)
+    url = campaign_url("http://127.0.0.1:5000/", "7")
+    assert url.startswith("http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning&")
