@@ -20,8 +20,11 @@ def _recipe(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from runners.rl.plan import format_plan
+    from runners.rl.sharding import Layout
 
-    print(format_plan(_recipe(args)))
+    if args.gpus < 1:
+        raise RecipeError(f"--gpus {args.gpus}: pass 1 or more")
+    print(format_plan(_recipe(args), Layout.from_config(args.accelerate_config, args.gpus)))
     return 0
 
 
@@ -37,22 +40,32 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
 
     if torch.cuda.is_available() and torch.cuda.device_count() < n:
         raise RecipeError(f"--gpus {n}: only {torch.cuda.device_count()} GPU(s) visible (CUDA_VISIBLE_DEVICES)")
+    from runners.rl.sharding import Layout
+
+    layout = Layout.from_config(args.accelerate_config, n)
+    if layout.fsdp is not None and not torch.cuda.is_available():
+        raise RecipeError(
+            f"--accelerate-config {args.accelerate_config}: FSDP needs GPUs (accelerate would run these CPU "
+            "processes unsharded); on CPU, spread a run with plain DDP: --gpus N without --accelerate-config"
+        )
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n)]
     if args.accelerate_config:  # the user's accelerate config (e.g. FSDP for a model that needs sharding)
         cmd += ["--config_file", args.accelerate_config]
     else:
         cmd += ["--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
+    cmd += ["--mixed_precision", "bf16" if recipe.model.dtype == "bfloat16" else "no"]  # the recipe decides
     cmd += ["--main_process_port", str(free_port())]
     cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
     if args.run_dir:
         cmd += ["--run-dir", args.run_dir]
+    cmd += ["--untracked"] if args.untracked else ["--experiment", args.experiment]
     if recipe.model.size is not None:  # build the base model once, here, not in every process
         from runners.task.basemodel import ensure_base_model
         from runners.task.data import task_of
 
         ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
-    print(f"launching {n} {device} through accelerate (DDP)", flush=True)
+    print(f"launching {n} {device} through accelerate ({layout.describe()})", flush=True)
     return subprocess.call(cmd)
 
 
@@ -226,7 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments")
+    pl = add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments")
+    pl.add_argument("--gpus", type=int, default=1, help="plan for N processes, one per GPU (memory per GPU)")
+    pl.add_argument(
+        "--accelerate-config",
+        help="with --gpus: the accelerate config the run launches with (FSDP: what each GPU holds when sharded)",
+    )
     t = add("train", cmd_train, "run one recipe end to end (resumes from its last checkpoint)")
     t.add_argument("--run-dir", help="output folder (default artifacts/runs/NAME-seedS)")
     t.add_argument(
