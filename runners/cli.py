@@ -48,6 +48,11 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int) -> int:
             f"--accelerate-config {args.accelerate_config}: FSDP needs GPUs (accelerate would run these CPU "
             "processes unsharded); on CPU, spread a run with plain DDP: --gpus N without --accelerate-config"
         )
+    if torch.cuda.is_available():  # refuse here, in one line, what every launched process would refuse
+        from runners.rl.memory import check_fits
+
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        check_fits(recipe, total, total, layout=layout)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n)]
     if args.accelerate_config:  # the user's accelerate config (e.g. FSDP for a model that needs sharding)
         cmd += ["--config_file", args.accelerate_config]

@@ -1,8 +1,9 @@
 """``make bench-fsdp``: peak memory on each GPU and tokens/s of a short run, on one GPU, DDP or FSDP.
 
 ``python -m tests.bench_fsdp RECIPE --gpus N [--accelerate-config FILE] [--random-model LxH | --model
-PATH] [--set KEY=VALUE ...]`` runs the recipe's ``train`` (the runner's own, untracked) on N processes
-through ``accelerate launch``, as ``python -m runners train --gpus N`` does, and records:
+PATH] [--set KEY=VALUE ...]`` runs a short run of the recipe (``SHORT``: 4 steps of 8 prompts x 4
+completions) with the runner's own ``train`` (untracked) on N processes through ``accelerate launch``,
+as ``python -m runners train --gpus N`` does, and records:
 
 - on every process, the runner's peak CUDA memory over generation, reward and update (allocated
   and reserved: ``memory/peak_*`` of its PhaseProfiler) and, on the first, evaluation's;
@@ -14,7 +15,7 @@ through ``accelerate launch``, as ``python -m runners train --gpus N`` does, and
 
 ``--random-model LAYERSxHIDDEN`` builds an untrained Llama of that shape (tests.bench_memory; memory and
 speed do not depend on what it has learnt). Appends one row to OUT/fsdp.csv (default
-artifacts/bench-fsdp) and prints it.
+artifacts/bench-fsdp) and prints it; the processes' output is in OUT/runs/LABEL/launch.log.
 """
 
 from __future__ import annotations
@@ -34,10 +35,27 @@ import torch
 GB = 2**30
 
 
+# a short run (results/fsdp's): 4 steps of 8 prompts x 4 completions of 32 tokens, no checkpoint,
+# evaluation of 8 prompts x 4 at steps 0 and 4; --set overrides any of it
+SHORT = {
+    "batch.prompts": 8,
+    "batch.generations": 4,
+    "batch.micro_batch": 8,
+    "length.control": "none",
+    "length.max_tokens": 32,
+    "train.steps": 4,
+    "train.save_every": 100,
+    "eval.every": 100,
+    "eval.prompts": 8,
+    "eval.samples": 4,
+    "eval.batch_prompts": 4,
+}
+
+
 def overrides(args: argparse.Namespace) -> dict:
     from runners.recipe import parse_override
 
-    over = dict(parse_override(s) for s in args.set or [])
+    over = {**SHORT, **dict(parse_override(s) for s in args.set or [])}
     if args.model is not None:
         over.update({"model.path": str(args.model), "model.size": None})
     return over
@@ -71,7 +89,8 @@ def one(args: argparse.Namespace) -> None:
     out: dict = {"rank": rank, "status": "ok"}
     t0 = time.perf_counter()
     try:
-        final = runner.train(recipe, args.run_dir, log=lambda m: None, callbacks=[peaks])
+        say = (lambda m: print(m, flush=True)) if rank == 0 else (lambda m: None)
+        final = runner.train(recipe, args.run_dir, log=say, callbacks=[peaks])
         out.update({k: v for k, v in final.items() if k.startswith("compute/")})
     except (RecipeError, torch.OutOfMemoryError) as e:
         text = str(e).splitlines()[0]
@@ -128,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         return one(args)
 
     from runners.recipe import load_recipe
-    from runners.rl.memory import estimate
+    from runners.rl.memory import estimate, model_dims
     from runners.rl.sharding import Layout
     from tests.bench_memory import random_model
 
@@ -147,9 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     subject = args.recipe + (f" with {model.name}" if model else "")
     print(f"[{label}] {subject}: estimate {est['peak']:.1f} GiB per GPU", flush=True)
     t0 = time.perf_counter()
+    launch_log = args.run_dir / "launch.log"  # the processes' own output
     try:
-        res = subprocess.run(launch(args, model), capture_output=True, text=True, timeout=args.timeout)
-        tail = (res.stdout + res.stderr)[-3000:]
+        with launch_log.open("w") as fh:
+            subprocess.run(launch(args, model), stdout=fh, stderr=subprocess.STDOUT, timeout=args.timeout)
+        tail = launch_log.read_text()[-3000:]
     except subprocess.TimeoutExpired:
         tail = f"stopped after {args.timeout} s"
     ranks = [json.loads(f.read_text()) for f in sorted(args.run_dir.glob("rank*.json"))]
@@ -158,10 +179,14 @@ def main(argv: list[str] | None = None) -> None:
     metrics = args.run_dir / "metrics.jsonl"
     evals = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
     seconds, tokens = first.get("compute/train_seconds", 0.0), first.get("compute/tokens", 0.0)
+    best = sum(f.stat().st_size for f in (args.run_dir / "best").glob("*.safetensors")) / GB
+    for part in ("best", "checkpoints"):  # GBs each for a large model; the numbers are what this keeps
+        shutil.rmtree(args.run_dir / part, ignore_errors=True)
     row = {
         "label": label,
         "recipe": args.recipe,
         "model": model.name if model else (recipe.model.size or recipe.model.path),
+        "parameters": model_dims(recipe).params,
         "gpus": args.gpus,
         "layout": layout.describe(),
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU",
@@ -177,6 +202,7 @@ def main(argv: list[str] | None = None) -> None:
         "tokens": tokens,
         "tokens_per_s": tokens / seconds if seconds else None,
         "last_step_tokens_per_s": first.get("last_step_tokens_per_s"),
+        "best_safetensors_gib": best,  # a whole fp32 model: 4 bytes per parameter
         "wall_seconds": time.perf_counter() - t0,
     }
     csv = args.out / "fsdp.csv"

@@ -189,3 +189,39 @@ def test_plan_says_what_each_gpu_holds_sharded_or_replicated(tmp_path):
     assert missing.returncode == 2 and "no such file" in missing.stderr and "Traceback" not in missing.stderr
     with pytest.raises(RecipeError, match=r"with FSDP 2 FULL_SHARD over 4 processes, each device has"):
         check_fits(load_recipe("scalerl-gpu4"), 1.0, 1.0, layout=Layout(4, 2))
+
+
+def test_memory_estimate_bounds_the_peaks_measured_under_fsdp_and_ddp():
+    """results/fsdp/bench.csv, an untrained 8.2B Llama (40 x 4096) on 4 x H200 (139.8 GiB each): under
+    FSDP 1 and 2 the estimate for each GPU is above every process's measured peak, by at most 1.5x;
+    under DDP it is above the card, and that run did run out of memory."""
+    import pandas as pd
+
+    from runners.task.tokenizer import build_tokenizer
+
+    measured = pd.read_csv(ROOT / "results" / "fsdp" / "bench.csv")
+    h, n, inter, v = 4096, 40, 11264, len(build_tokenizer())
+    dims = Dims(n * (4 * h * h + 3 * h * inter) + 2 * v * h, h, n, h // 64, v, inter)
+    recipe = load_recipe(
+        "scalerl-gpu4",
+        {
+            "batch.prompts": 8,
+            "batch.generations": 4,
+            "batch.micro_batch": 8,
+            "length.control": "none",
+            "length.max_tokens": 32,
+            "eval.prompts": 8,
+            "eval.samples": 4,
+            "eval.batch_prompts": 4,
+        },
+    )
+    layouts = {"fsdp1": Layout(4, 1), "fsdp2": Layout(4, 2), "ddp": Layout(4)}
+    assert set(measured.label) == set(layouts)
+    for _, row in measured.iterrows():
+        assert row.parameters == dims.params
+        est = estimate(recipe, dims, layouts[row.label])["peak"]
+        if row.label == "ddp":
+            assert row.status == "out of memory" and est > 139.8, (est, row.status)
+        else:
+            peaks = [float(x) for x in row.peak_allocated_gib_each.split()]
+            assert len(peaks) == 4 and all(p <= est <= 1.5 * p for p in peaks), (row.label, peaks, est)

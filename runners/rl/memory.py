@@ -128,6 +128,7 @@ def dominant(est: dict[str, float]) -> str:
 
 SHARD = "--gpus N --accelerate-config experiments/accelerate/fsdp2.yaml (docs/operations.md)"
 ADVICE = {
+    "weights, gradients, AdamW state (1/": "more GPUs (each holds 1/N: --gpus N), LoRA (model.lora), a smaller model",
     "weights": f"a smaller model (model.size), LoRA (model.lora), or shard it over N GPUs: {SHARD}",
     "frozen": "4-bit frozen weights (model.quantization: 4bit) or a smaller model (model.size)",
     "gathered": "FULL_SHARD (FSDP 1) or fsdp_reshard_after_forward: true (FSDP 2): one layer gathered at a time",

@@ -26,7 +26,9 @@ points and without copying its code:
 - the generator-vs-trainer log-prob mismatch: a forward hook (``SampledTokenLogps``) reads the
   generator's sampled-token log-probs off ``generate`` and returns them through TRL's ``logprobs``;
 - metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness, mismatch;
-- its own resume state (``state_dict`` / ``load_state_dict``), saved with each checkpoint.
+- its own resume state (``state_dict`` / ``load_state_dict``), saved with each checkpoint;
+- FSDP (``runners.rl.sharding``): the probe hooks the unwrapped model TRL generates with, and an
+  interruption's continuation is generated on every process when any process needs one.
 
 Honestly: TRL has no public hooks for these, so this class overrides **private** methods of
 the pinned TRL (``requirements.lock``): ``_get_train_sampler``, ``_generate``,
