@@ -75,6 +75,9 @@ bench-runner: $(STAMP) ## runner vs plain TRL throughput, evaluation share, pack
 bench-memory: $(STAMP) ## peak memory by phase vs generations per prompt and completion length, GRPO and RLOO → artifacts/bench-memory/
 	$(BIN)/python -m tests.bench_memory $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE)) --baseline both
 
+bench-fsdp: $(STAMP) ## a short run's peak memory on each GPU and tokens/s: make bench-fsdp GPUS=4 [CONFIG=experiments/accelerate/fsdp2.yaml] [SHAPE=28x4096] [RECIPE=]
+	$(BIN)/python -m tests.bench_fsdp $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE),scalerl-gpu4) --gpus $(or $(GPUS),1) $(if $(CONFIG),--accelerate-config $(CONFIG)) $(if $(SHAPE),--random-model $(SHAPE))
+
 wheels: $(FULL) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
 	$(BIN)/python -m runners.ops.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
 
@@ -102,8 +105,8 @@ lab: $(FULL) ## JupyterLab on 127.0.0.1 (token on) with analysis/loo.ipynb over 
 ui: $(STAMP) ## MLflow UI on 127.0.0.1 over the project's store; prints each campaign's curves address: make ui [PORT=5000] [CAMPAIGN=]
 	$(BIN)/python -m runners ui --tracking-uri sqlite:///$(CURDIR)/mlflow.db --port $(PORT) --campaign $(CAMPAIGN)
 
-plan: $(STAMP) ## print the batch plan of a campaign's baseline run, or of a recipe: make plan [CAMPAIGN=loo-cpu | RECIPE=scalerl]
-	$(BIN)/python -m runners plan $(if $(filter command% environment%,$(origin RECIPE)),$(RECIPE),--campaign $(CAMPAIGN))
+plan: $(STAMP) ## print the batch plan of a campaign's baseline run, or of a recipe: make plan [CAMPAIGN=loo-cpu | RECIPE=scalerl] [GPUS=N] [CONFIG=experiments/accelerate/fsdp2.yaml]
+	$(BIN)/python -m runners plan $(if $(filter command% environment%,$(origin RECIPE)),$(RECIPE),--campaign $(CAMPAIGN)) $(if $(GPUS),--gpus $(GPUS)) $(if $(CONFIG),--accelerate-config $(CONFIG))
 
 train: $(STAMP) ## one run of a recipe, tracked in MLflow (experiment 'runs'), then its report: make train [RECIPE=scalerl]
 	$(BIN)/python -m runners train $(RECIPE) --experiment runs

@@ -24,7 +24,10 @@ def _recipe(args: argparse.Namespace):
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from runners.rl.plan import format_plan
+    from runners.rl.sharding import Layout
 
+    if args.gpus < 1:
+        raise RecipeError(f"--gpus {args.gpus}: pass 1 or more")
     if args.campaign and args.recipe:
         raise RecipeError(f"plan: a recipe ({args.recipe}) or --campaign {args.campaign}, not both")
     if not (args.campaign or args.recipe):
@@ -34,7 +37,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(about + "\n")
     else:
         recipe = _recipe(args)
-    print(format_plan(recipe))
+    print(format_plan(recipe, Layout.from_config(args.accelerate_config, args.gpus)))
     return 0
 
 
@@ -77,21 +80,36 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) 
 
     if torch.cuda.is_available() and torch.cuda.device_count() < n:
         raise RecipeError(f"--gpus {n}: only {torch.cuda.device_count()} GPU(s) visible (CUDA_VISIBLE_DEVICES)")
+    from runners.rl.sharding import Layout
+
+    layout = Layout.from_config(args.accelerate_config, n)
+    if layout.fsdp is not None and not torch.cuda.is_available():
+        raise RecipeError(
+            f"--accelerate-config {args.accelerate_config}: FSDP needs GPUs (accelerate would run these CPU "
+            "processes unsharded); on CPU, spread a run with plain DDP: --gpus N without --accelerate-config"
+        )
+    if torch.cuda.is_available():  # refuse here, in one line, what every launched process would refuse
+        from runners.rl.memory import check_fits
+
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        check_fits(recipe, total, total, layout=layout)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n)]
     if args.accelerate_config:  # the user's accelerate config (e.g. FSDP for a model that needs sharding)
         cmd += ["--config_file", args.accelerate_config]
     else:
         cmd += ["--multi_gpu", "--num_machines", "1", "--dynamo_backend", "no"]
+    cmd += ["--mixed_precision", "bf16" if recipe.model.dtype == "bfloat16" else "no"]  # the recipe decides
     cmd += ["--main_process_port", str(free_port())]
     cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
     cmd += ["--run-dir", str(run_dir)]
+    cmd += ["--untracked"] if args.untracked else ["--experiment", args.experiment]
     if recipe.model.size is not None:  # build the base model once, here, not in every process
         from runners.task.basemodel import ensure_base_model
         from runners.task.data import task_of
 
         ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
-    print(f"launching {n} {device} through accelerate (DDP)", flush=True)
+    print(f"launching {n} {device} through accelerate ({layout.describe()})", flush=True)
     return subprocess.call(cmd, preexec_fn=parent_death_preexec())  # the launcher dies with this process
 
 
@@ -387,6 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = add("plan", cmd_plan, "print the batch plan: rollouts, updates, accumulation, memory, TRL arguments", True)
     pl.add_argument("--campaign", help="plan a campaign's baseline run (its recipe with the campaign's overrides)")
+    pl.add_argument("--gpus", type=int, default=1, help="plan for N processes, one per GPU (memory per GPU)")
+    pl.add_argument(
+        "--accelerate-config",
+        help="with --gpus: the accelerate config the run launches with (FSDP: what each GPU holds when sharded)",
+    )
     t = add(
         "train",
         cmd_train,

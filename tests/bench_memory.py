@@ -34,9 +34,10 @@ FINETUNE = {  # recipe overrides of each fine-tuning mode
 }
 
 
-def random_model(shape: str, out: Path) -> Path:
+def random_model(shape: str, out: Path, device: str = "cpu") -> Path:
     """An untrained Llama of ``LAYERSxHIDDEN`` (heads of 64, MLP 2.75 x hidden, as Llama's) with the
-    project's tokenizer, saved once under ``out``."""
+    project's tokenizer, saved once under ``out``; its random weights are drawn on ``device``
+    (``cuda``: seconds where a CPU takes minutes for billions of parameters)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from runners.task.tokenizer import build_tokenizer
@@ -59,7 +60,8 @@ def random_model(shape: str, out: Path) -> Path:
         bos_token_id=tok.eos_token_id,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
     tmp = path.with_name(path.name + ".tmp")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from runners.rl.rewards import REWARDS, is_well_formed
+from runners.rl.sharding import is_sharded
 
 
 @torch.no_grad()
@@ -30,17 +31,23 @@ def evaluate(
     """Sample ``samples`` completions per prompt (batched) and score them.
 
     With an ``accelerator`` of several processes, each process takes every world-size-th prompt
-    and the sums are reduced across processes: every prompt is evaluated exactly once.
+    and the sums are reduced across processes: every prompt is evaluated exactly once. Under FSDP
+    (``model`` from ``sharding.full_parameters``) every process makes the same number of ``generate``
+    calls, since each forward gathers parameters from all of them: a process out of prompts
+    generates one discarded sequence per call its peers still make.
 
     mean_at_k: average over prompts of the fraction of correct samples.
     pass_at_k: fraction of prompts with at least one correct sample.
     samples: the first completion of the first ``n_show`` prompts, for inspection.
     """
     world = accelerator.num_processes if accelerator is not None else 1
-    total_rows = len(rows)
+    all_rows, total_rows = rows, len(rows)
+    most = -(-total_rows // world)  # prompts of the first process, which has the most
+    calls = -(-most // batch_prompts)  # generate calls of the busiest process
     if world > 1:
         rows = rows[accelerator.process_index :: world]
         seed += 7919 * accelerator.process_index  # different samples on each process
+    sharded = is_sharded(accelerator)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -52,9 +59,11 @@ def evaluate(
     t0 = time.perf_counter()
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
-        for start in range(0, len(rows), batch_prompts):
+        for start in range(0, calls * batch_prompts, batch_prompts):
             chunk = rows[start : start + batch_prompts]
-            prompts_text = [_prompt_text(tokenizer, r["prompt"]) for r in chunk]
+            if not chunk and not sharded:
+                break
+            prompts_text = [_prompt_text(tokenizer, r["prompt"]) for r in chunk or all_rows[:1]]
             enc = tokenizer(prompts_text, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
             out = model.generate(
                 **enc,
@@ -63,11 +72,13 @@ def evaluate(
                 top_k=0,
                 top_p=1.0,
                 max_new_tokens=max_new_tokens,
-                num_return_sequences=samples,
+                num_return_sequences=samples if chunk else 1,
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=tokenizer.eos_token_id,
                 cache_implementation=cache_implementation,
             )
+            if not chunk:  # this process is out of prompts; its peers' gathers needed it in the call
+                continue
             completion_ids = out[:, enc["input_ids"].shape[1] :]
             n_tokens += int((completion_ids != tokenizer.pad_token_id).sum())
             texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from runners.recipe import Recipe, RecipeError
 from runners.rl.memory import GRADIENT_CHECKPOINTING, estimate, format_estimate
+from runners.rl.sharding import Layout
 
 LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.rl.trainer
 ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
@@ -67,12 +68,13 @@ def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
     }
 
 
-def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
-    """(quantity, value, how it is set in TRL) rows of the batch plan."""
-    t = trl_args(r)
+def plan_lines(r: Recipe, world: int = 1) -> list[tuple[str, str, str]]:
+    """(quantity, value, how it is set in TRL) rows of the batch plan, on ``world`` processes."""
+    t = trl_args(r, world)
     b = r.batch
     updates = r.updates_per_generation * b.epochs
-    return [
+    micro = t["per_device_train_batch_size"]
+    rows = [
         (
             "prompts per step",
             f"{b.prompts}",
@@ -82,13 +84,14 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
         (
             "rollouts per step (prompts x generations)",
             f"{b.prompts} x {b.generations} = {r.rollouts}",
-            f"per_device_train_batch_size x steps_per_generation = {r.micro_batch} x {t['steps_per_generation']}",
+            f"per_device_train_batch_size x steps_per_generation = {micro} x {t['steps_per_generation']}"
+            + (f" x {world} processes" if world > 1 else ""),
         ),
         (
             "mini-batch (completions per optimizer update)",
             f"{r.mini_batch}",
-            f"per_device_train_batch_size x gradient_accumulation_steps = {r.micro_batch} x "
-            f"{t['gradient_accumulation_steps']} (x world size)",
+            f"per_device_train_batch_size x gradient_accumulation_steps = {micro} x "
+            f"{t['gradient_accumulation_steps']}" + (f" x {world} processes" if world > 1 else " (x world size)"),
         ),
         (
             "optimizer updates per step (rollouts / mini-batch x epochs)",
@@ -98,13 +101,13 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
         ),
         (
             "gradient-accumulation steps (mini-batch / micro-batch)",
-            f"{r.mini_batch} / {r.micro_batch} = {t['gradient_accumulation_steps']}",
+            f"{r.mini_batch} / {micro}{f' / {world}' if world > 1 else ''} = {t['gradient_accumulation_steps']}",
             f"gradient_accumulation_steps = {t['gradient_accumulation_steps']}",
         ),
         (
             "micro-batch (completions per forward/backward) — sets GPU memory",
-            f"{r.micro_batch} x up to {r.max_completion_tokens} completion tokens",
-            f"per_device_train_batch_size = {r.micro_batch}, max_completion_length = {t['max_completion_length']}",
+            f"{micro} x up to {r.max_completion_tokens} completion tokens" + (" per process" if world > 1 else ""),
+            f"per_device_train_batch_size = {micro}, max_completion_length = {t['max_completion_length']}",
         ),
         (
             "off-policy algorithm",
@@ -120,6 +123,9 @@ def plan_lines(r: Recipe) -> list[tuple[str, str, str]]:
             "max_steps / updates per step x rollouts",
         ),
     ]
+    if world > 1:
+        rows.insert(0, ("processes (one per GPU)", f"{world}", "accelerate launch --num_processes (--gpus)"))
+    return rows
 
 
 def peft_config(r: Recipe):
@@ -138,8 +144,10 @@ def peft_config(r: Recipe):
     )
 
 
-def format_plan(r: Recipe) -> str:
-    rows = plan_lines(r)
+def format_plan(r: Recipe, layout: Layout | None = None) -> str:
+    """The batch plan, TRL's arguments and what each device holds, for ``layout`` (default: one process)."""
+    lay = layout or Layout()
+    rows = plan_lines(r, lay.world)
     w1 = max(len(q) for q, _, _ in rows)
     w2 = max(len(v) for _, v, _ in rows)
     out = [f"Batch plan for recipe {r.name!r}", ""]
@@ -172,7 +180,13 @@ def format_plan(r: Recipe) -> str:
             + (", weights in 4-bit NF4 (QLoRA)" if r.model.quantization == "4bit" else "")
         ),
         "",
-        "  Device memory (estimate, runners.rl.memory):",
-        *format_estimate(estimate(r)),
+        f"  Device memory on each GPU, {lay.describe()} (estimate, runners.rl.memory):",
+        *format_estimate(estimate(r, layout=lay)),
     ]
+    if lay.world > 1:  # the other way to spread the run, for comparison
+        other = Layout(lay.world) if lay.shards_state else Layout(lay.world, 2, "FULL_SHARD")
+        how = "--accelerate-config experiments/accelerate/fsdp2.yaml" if other.fsdp else "no --accelerate-config"
+        out.append(
+            f"  With {other.describe()} ({how}) each GPU would hold about {estimate(r, layout=other)['peak']:.2f} GiB."
+        )
     return "\n".join(out)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 import zipfile
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from runners.rl.memory import check_fits, estimate, largest_part
 from runners.rl.plan import peft_config, trl_args
 from runners.rl.profiling import PhaseProfiler
 from runners.rl.rewards import CONFIGURED, reward_function
+from runners.rl.sharding import Layout, full_parameters, save_full_model
 from runners.rl.trainer import ScaleRLTrainer
 from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
 from runners.task.data import load_rows, task_of
@@ -163,25 +163,26 @@ class Progress(TrainerCallback):
             "compute/train_seconds": self.train_seconds,
         }
 
-    def _evaluate(self, step: int, model) -> None:
+    def _evaluate(self, step: int) -> None:
         if step in self.logged_steps:
             return
         t0 = time.perf_counter()
         e = self.recipe.eval
         self.eval_profiler.begin("evaluation")
-        m = evaluate(
-            model,
-            self.trainer.processing_class,
-            self.val,
-            samples=e.samples,
-            max_new_tokens=self.recipe.max_completion_tokens,
-            batch_prompts=e.batch_prompts,
-            temperature=self.recipe.train.temperature,
-            reward=self.score,
-            seed=step,
-            accelerator=self.trainer.accelerator,
-            cache_implementation=self.trainer.args.cache_implementation,  # what TRL generates with
-        )
+        with full_parameters(self.trainer) as whole:  # under FSDP: gathered, as TRL generates
+            m = evaluate(
+                whole,
+                self.trainer.processing_class,
+                self.val,
+                samples=e.samples,
+                max_new_tokens=self.recipe.max_completion_tokens,
+                batch_prompts=e.batch_prompts,
+                temperature=self.recipe.train.temperature,
+                reward=self.score,
+                seed=step,
+                accelerator=self.trainer.accelerator,
+                cache_implementation=self.trainer.args.cache_implementation,  # what TRL generates with
+            )
         self.eval_profiler.end("evaluation")
         self.eval_seconds += time.perf_counter() - t0
         if torch.cuda.is_available():
@@ -203,13 +204,10 @@ class Progress(TrainerCallback):
             append_json_line(self.metrics_path, {"step": step, **record})
             for sink in self.sinks:
                 sink(record, step)
-            if m["mean_at_k"] > self.best:
-                self.best = m["mean_at_k"]
-                best_dir = self.run_dir / "best"
-                shutil.rmtree(best_dir, ignore_errors=True)
-                model.save_pretrained(str(best_dir))
-                self.trainer.processing_class.save_pretrained(str(best_dir))
-                (best_dir / "best.json").write_text(json.dumps({"step": step, MEAN_AT_16: self.best}) + "\n")
+        if m["mean_at_k"] > self.best:  # the same on every process (the sums were reduced)
+            self.best = m["mean_at_k"]
+            best = json.dumps({"step": step, MEAN_AT_16: self.best}) + "\n"
+            save_full_model(self.trainer, self.run_dir / "best", extra={"best.json": best})  # every process
         self.logged_steps.add(step)
         self.log(
             f"[{self.recipe.name}] step {step:>5}/{self.recipe.train.steps}  mean@16 {m['mean_at_k']:.3f}  "
@@ -220,7 +218,7 @@ class Progress(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kw):
         self._tick = time.perf_counter()
         if state.global_step == 0:
-            self._evaluate(0, model)
+            self._evaluate(0)
             self._tick = time.perf_counter()
 
     def on_step_end(self, args, state, control, model=None, **kw):
@@ -228,7 +226,7 @@ class Progress(TrainerCallback):
         self.train_seconds += now - self._tick
         step = state.global_step
         if step % self.recipe.eval.every == 0 or step == state.max_steps:
-            self._evaluate(step, model)
+            self._evaluate(step)
         if (self.run_dir / STOP_FILE).is_file() and step < state.max_steps:  # an adaptive campaign's decision
             self.stopped_at = step
             control.should_save = True  # end at a checkpoint: a later --resume-stopped continues from here
@@ -352,9 +350,10 @@ def train(
         return done
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     disable_progress_bars()
+    layout = Layout.from_env()  # DDP or FSDP over WORLD_SIZE processes, as accelerate launched this one
     if torch.cuda.is_available():
-        free, total = torch.cuda.mem_get_info()
-        check_fits(recipe, total / 2**30, free / 2**30, log=log)
+        free, total = torch.cuda.mem_get_info(int(os.environ.get("LOCAL_RANK", "0")))  # this process's GPU
+        check_fits(recipe, total / 2**30, free / 2**30, log=log, layout=layout)
     check_quantization(recipe)
     set_seed(recipe.train.seed)
     model, tokenizer = prepare_model(recipe, log=log)
@@ -416,7 +415,7 @@ def train(
     except torch.OutOfMemoryError as e:
         raise RecipeError(
             f"out of device memory ({str(e).splitlines()[0][:120]}); the estimate's largest part is "
-            f"{largest_part(estimate(recipe))}. Finished steps are checkpointed; re-running resumes."
+            f"{largest_part(estimate(recipe, layout=layout))}. Finished steps are checkpointed; re-running resumes."
         ) from e
     except Exception as e:
         full = disk_full(e, run_dir, _what_a_rerun_does(ckpt_dir))

@@ -26,7 +26,9 @@ points and without copying its code:
 - the generator-vs-trainer log-prob mismatch: a forward hook (``SampledTokenLogps``) reads the
   generator's sampled-token log-probs off ``generate`` and returns them through TRL's ``logprobs``;
 - metrics for every axis: filtered fraction, dropped prompts, interruption rate, staleness, mismatch;
-- its own resume state (``state_dict`` / ``load_state_dict``), saved with each checkpoint.
+- its own resume state (``state_dict`` / ``load_state_dict``), saved with each checkpoint;
+- FSDP (``runners.rl.sharding``): the probe hooks the unwrapped model TRL generates with, and an
+  interruption's continuation is generated on every process when any process needs one.
 
 Honestly: TRL has no public hooks for these, so this class overrides **private** methods of
 the pinned TRL (``requirements.lock``): ``_get_train_sampler``, ``_generate``,
@@ -49,6 +51,7 @@ from trl import GRPOTrainer
 from runners.recipe import Recipe
 from runners.rl.profiling import PhaseProfiler
 from runners.rl.sampling import NoPositiveResamplingSampler
+from runners.rl.sharding import is_sharded
 
 
 def find_subsequence(seq: list[int], sub: list[int]) -> int | None:
@@ -389,13 +392,22 @@ class ScaleRLTrainer(GRPOTrainer):
         """One call of TRL's generation with the probe attached; ``max_new_tokens`` overrides the length for it."""
         self.generation_config.max_new_tokens = max_new_tokens or self.max_completion_length
         try:
-            with SampledTokenLogps(self.model, self.temperature) as probe:
+            # the model generate runs (under FSDP 1 the module inside the wrapper, whose forward TRL calls)
+            with SampledTokenLogps(self.accelerator.unwrap_model(self.model_wrapped), self.temperature) as probe:
                 completions, _ = super()._generate_single_turn(
                     prompt_ids, images, multimodal_fields, num_generations, has_tool_images
                 )
         finally:
             self.generation_config.max_new_tokens = self.max_completion_length
         return completions, probe.per_completion(completions)
+
+    def _peers_need(self, n: int) -> bool:
+        """Whether any process has work for a collective step (``n`` items here). Under FSDP every
+        ``generate`` gathers parameters from all processes, so a call one of them makes, all make;
+        otherwise only this process's ``n`` counts."""
+        if not is_sharded(self.accelerator):
+            return n > 0
+        return bool(self.accelerator.gather(torch.tensor([n], device=self.accelerator.device)).max() > 0)
 
     def _generate_interrupted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         """Interruptions: stop thinking at a budget drawn per completion, append the phrase, let the answer finish."""
@@ -415,6 +427,8 @@ class ScaleRLTrainer(GRPOTrainer):
                 # budget hit: interrupt; the phrase is forced, not sampled, so it has no generator log-prob
                 todo.append((i, c[:budget] + self._phrase_ids, logps[i][:budget] + [NAN] * len(self._phrase_ids)))
                 interrupted += 1
+        if self._peers_need(len(todo)) and not todo:  # FSDP: a peer continues; this process keeps it company
+            self._sample(prompt_ids[:1], images, multimodal_fields, num_generations, max_new_tokens=ln.answer_budget)
         if todo:
             tails, tail_logps = self._sample(
                 [prompt_ids[i] + prefix for i, prefix, _ in todo],
