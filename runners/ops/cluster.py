@@ -2,15 +2,21 @@
 
 Each task runs the same command as the local scheduler (``python -m runners train recipe.yaml``)
 with the run's MLflow run id, so a run that is preempted (its process killed by a signal, or its
-node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run. Run
-folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
+node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run; the
+run's process dies with the Ray worker that started it, so a lost node leaves no process writing
+beside the retry. Each attempt records its node (``prl.placement`` tag, a line in ``run.log``).
+Run folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
 reachable from every node (``make tracking-server`` on the head node, or any MLflow server).
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,14 +24,48 @@ from pathlib import Path
 from runners.ops.campaign import RunSpec
 from runners.ops.local import Launch, tail
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None  # resolved before fork
+
+
+def run_preexec() -> None:
+    """In a run's process before it starts (Linux): SIGKILL it when the process that started it
+    dies (a Ray worker of a lost node, a SLURM job's wrapper), so no orphan writes on beside the retry."""
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the parent died before the line above
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def note_placement(env: dict[str, str], log_path: str, where: str) -> None:
+    """Say where this attempt of a run runs: a line in its log and its MLflow tag ``prl.placement``."""
+    with open(log_path, "a") as f:
+        f.write(f"[placement] {where}\n")
+    if env.get("MLFLOW_RUN_ID"):
+        from mlflow.tracking import MlflowClient
+
+        from runners.ops import store
+
+        MlflowClient(env["MLFLOW_TRACKING_URI"]).set_tag(env["MLFLOW_RUN_ID"], store.PLACEMENT, where)
+
 
 class Preempted(RuntimeError):
     """The run's process was killed by a signal: retry it (it resumes from its checkpoint)."""
 
 
 def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> tuple[int, str]:
+    import ray
+
+    note_placement(env, log_path, f"ray node {ray.get_runtime_context().get_node_id()} on {socket.gethostname()}")
     with open(log_path, "a") as logf:
-        proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=cwd)
+        proc = subprocess.run(
+            cmd,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            cwd=cwd,
+            preexec_fn=run_preexec,
+        )
     if proc.returncode < 0:
         raise Preempted(f"run process killed by signal {-proc.returncode}")
     return proc.returncode, tail(Path(log_path))
