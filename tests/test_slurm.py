@@ -222,7 +222,12 @@ def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fi
     assert set(table["variant"]) == {"baseline", "loss=dapo"} and (tmp_path / "fit" / "loo_table.md").is_file()
 
 
-def test_an_interrupted_slurm_campaign_cancels_its_own_jobs_and_no_other(slurm_cluster, store, tmp_path):
+def test_a_warned_job_requeues_itself_and_an_interrupted_campaign_cancels_its_own_jobs_only(
+    slurm_cluster, store, tmp_path
+):
+    """SIGUSR2 is what SLURM sends a job before its time limit (``--signal``) or a preemption: the
+    job ends its run and requeues itself (submitit), and runs again from the checkpoint. Then
+    SIGTERM to the campaign cancels its job, and leaves someone else's alone."""
     other = subprocess.run(
         ["sbatch", "--parsable", "--job-name=someone-elses", "--wrap=sleep 600"],
         capture_output=True,
@@ -233,23 +238,35 @@ def test_an_interrupted_slurm_campaign_cancels_its_own_jobs_and_no_other(slurm_c
     camp = subprocess.Popen(
         [sys.executable, "-m", "runners", "campaign", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
+    camp_dir = tmp_path / "artifacts" / "campaigns" / "tiny-slurm-int"
     try:
-        deadline = time.time() + 120
-        while not any(name.startswith("prl-tiny-slurm-int") and state == "RUNNING" for _, state, name in _squeue()):
-            assert time.time() < deadline and camp.poll() is None, "the campaign's job never ran"
+        with disrupt(camp_dir, {"baseline": ["scancel", "--signal=USR2"]}) as did:
+            deadline = time.time() + 600
+            while "baseline" not in did:
+                assert time.time() < deadline and camp.poll() is None, "the run never reached its first checkpoint"
+                time.sleep(1.0)
+        run_dir = next(camp_dir.glob("baseline-seed0-*"))
+        while "resuming from" not in (run_dir / "run.log").read_text():  # it runs again, from its checkpoint
+            assert time.time() < deadline and camp.poll() is None, "the warned job never ran again"
             time.sleep(1.0)
         camp.send_signal(signal.SIGTERM)
         out = camp.communicate(timeout=60)[0].decode()
     finally:
         with contextlib.suppress(ProcessLookupError):
             camp.kill()
-    assert "interrupted: cancelled this campaign's 1 SLURM job(s)" in out, out
+    job = did["baseline"]
+    assert _job_ids(run_dir) == [job]  # requeued: the same job
+    job_log = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
+    assert "Calling checkpoint method" in job_log and f"Requeued job {job}" in job_log
+    assert f"job {job} (baseline seed 0) requeued" in out, out
+    assert f"interrupted: cancelled this campaign's 1 SLURM job(s): {job}" in out, out
     deadline = time.time() + 30
     while any(name.startswith("prl-tiny-slurm-int") for _, _, name in _squeue()):
         assert time.time() < deadline, _squeue()
         time.sleep(1.0)
     assert [job for job, _, _ in _squeue()] == [other]  # someone else's job is untouched
     subprocess.run(["scancel", other], check=True)
+    assert (run_dir / "run.log").read_text().count(f"[placement] slurm job {job} on") == 2
 
 
 def test_a_slurm_campaign_refused_by_sbatch_says_why_in_one_line(slurm_cluster, store, tmp_path):

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import psutil
 import submitit
 
 from runners.ops.campaign import Campaign, CampaignError, RunSpec
@@ -89,12 +90,14 @@ class RunJob(submitit.helpers.Checkpointable):
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         proc = self._proc
-        if proc is not None and proc.poll() is None:  # end it now: requeued, it resumes from its last checkpoint
+        if proc is not None and proc.returncode is None:  # end it now: requeued, it resumes from its last checkpoint
             proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+            try:  # not proc.wait: the wait this handler interrupted holds its lock
+                psutil.Process(proc.pid).wait(timeout=30)
+            except psutil.TimeoutExpired:
                 proc.kill()
+            except psutil.NoSuchProcess:
+                pass
         return super().checkpoint(*args, **kwargs)
 
     def __getstate__(self) -> dict[str, Any]:
