@@ -222,51 +222,63 @@ def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fi
     assert set(table["variant"]) == {"baseline", "loss=dapo"} and (tmp_path / "fit" / "loo_table.md").is_file()
 
 
-def test_a_warned_job_requeues_itself_and_an_interrupted_campaign_cancels_its_own_jobs_only(
+def test_a_warned_job_requeues_itself_a_rerun_has_one_writer_and_an_interrupt_cancels_only_its_jobs(
     slurm_cluster, store, tmp_path
 ):
     """SIGUSR2 is what SLURM sends a job before its time limit (``--signal``) or a preemption: the
-    job ends its run and requeues itself (submitit), and runs again from the checkpoint. Then
-    SIGTERM to the campaign cancels its job, and leaves someone else's alone."""
+    job ends its run and requeues itself (submitit), and runs again from the checkpoint. The
+    campaign is then killed (-9) and run again: the job it left, whose tracking server died with
+    it, is cancelled before the run's new job starts. SIGTERM to that campaign cancels its job and
+    leaves someone else's alone."""
     other = subprocess.run(
-        ["sbatch", "--parsable", "--job-name=someone-elses", "--wrap=sleep 600"],
+        ["sbatch", "--parsable", "--job-name=someone-elses", "--wrap=sleep 900"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
     path = write_campaign(tmp_path / "int.yaml", "tiny-slurm-int", 40, {}, backend="slurm", slurm={"time": 30})
-    camp = subprocess.Popen(
-        [sys.executable, "-m", "runners", "campaign", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
     camp_dir = tmp_path / "artifacts" / "campaigns" / "tiny-slurm-int"
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    second = None
     try:
         with disrupt(camp_dir, {"baseline": ["scancel", "--signal=USR2"]}) as did:
             deadline = time.time() + 600
             while "baseline" not in did:
-                assert time.time() < deadline and camp.poll() is None, "the run never reached its first checkpoint"
+                assert time.time() < deadline and first.poll() is None, "the run never reached its first checkpoint"
                 time.sleep(1.0)
+        job = did["baseline"]
         run_dir = next(camp_dir.glob("baseline-seed0-*"))
         while "resuming from" not in (run_dir / "run.log").read_text():  # it runs again, from its checkpoint
-            assert time.time() < deadline and camp.poll() is None, "the warned job never ran again"
+            assert time.time() < deadline and first.poll() is None, "the warned job never ran again"
             time.sleep(1.0)
-        camp.send_signal(signal.SIGTERM)
-        out = camp.communicate(timeout=60)[0].decode()
+        first.kill()
+        out_first = first.communicate(timeout=60)[0].decode()
+        second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        while len(_job_ids(run_dir)) < 2 or (_job_ids(run_dir)[-1], "RUNNING") not in [x[:2] for x in _squeue()]:
+            assert time.time() < deadline and second.poll() is None, "the rerun never started the run's new job"
+            time.sleep(1.0)
+        second.send_signal(signal.SIGTERM)
+        out = second.communicate(timeout=60)[0].decode()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            camp.kill()
-    job = did["baseline"]
-    assert _job_ids(run_dir) == [job]  # requeued: the same job
+        for proc in (first, second):
+            with contextlib.suppress(ProcessLookupError, AttributeError):
+                proc.kill()
+    assert _job_ids(run_dir)[0] == job and len(_job_ids(run_dir)) == 2  # requeued as itself, then one new job
+    new_job = _job_ids(run_dir)[1]
     job_log = (run_dir / "slurm" / f"{job}_0_log.out").read_text()
     assert "Calling checkpoint method" in job_log and f"Requeued job {job}" in job_log
-    assert f"job {job} (baseline seed 0) requeued" in out, out
-    assert f"interrupted: cancelled this campaign's 1 SLURM job(s): {job}" in out, out
+    assert f"job {job} (baseline seed 0) requeued" in out_first, out_first
+    assert f"cancelled job {job} of an earlier invocation for baseline seed 0" in out, out
+    assert f"interrupted: cancelled this campaign's 1 SLURM job(s): {new_job}" in out, out
     deadline = time.time() + 30
     while any(name.startswith("prl-tiny-slurm-int") for _, _, name in _squeue()):
         assert time.time() < deadline, _squeue()
         time.sleep(1.0)
     assert [job for job, _, _ in _squeue()] == [other]  # someone else's job is untouched
     subprocess.run(["scancel", other], check=True)
-    assert (run_dir / "run.log").read_text().count(f"[placement] slurm job {job} on") == 2
+    placements = [x for x in (run_dir / "run.log").read_text().splitlines() if x.startswith("[placement]")]
+    assert placements[:2] == [f"[placement] slurm job {job} on {socket.gethostname()}"] * 2
 
 
 def test_a_slurm_campaign_refused_by_sbatch_says_why_in_one_line(slurm_cluster, store, tmp_path):

@@ -141,6 +141,7 @@ def run_on_slurm(
     restore = _sigterm_interrupts()
     try:
         driver.build_base_models(todo, root)
+        earlier = driver.queue() or {}
         for spec in todo:
             launch = prepare(spec)
             if spec is todo[0] and urlsplit(launch.env["MLFLOW_TRACKING_URI"]).hostname in ("127.0.0.1", "localhost"):
@@ -150,7 +151,9 @@ def run_on_slurm(
                 )
             cmd = [*launch.cmd, "--gpus", str(gpus)] if gpus > 1 else launch.cmd
             name = f"{spec.variant} seed {spec.seed}"
-            driver.submit(_Job(name, spec, cmd, launch.env, launch.run_dir / "slurm", launch.run_dir / "run.log"))
+            j = _Job(name, spec, cmd, launch.env, launch.run_dir / "slurm", launch.run_dir / "run.log")
+            if not driver.adopt(j, earlier):
+                driver.submit(j)
         return [(j.spec, why) for j, why in driver.wait(len(todo), monitor) if j.spec is not None]
     except BaseException:
         driver.cancel_all()
@@ -198,6 +201,29 @@ class _Driver:
         j.state, j.gone_since = "SUBMITTED", None
         self.live[j.job.job_id] = j
         self.log(f"  submitted job {j.job.job_id}: {j.name} (job files: {j.folder})")
+
+    def adopt(self, j: _Job, states: dict[str, tuple[str, str]]) -> bool:
+        """A job that an earlier invocation of the campaign (killed, or its login shell gone) left
+        queued or running for this run: wait for it if it writes where this one would, else cancel
+        it (its tracking server went with its campaign) so that the run has one writer."""
+        earlier = sorted({p.name.split("_")[0] for p in j.folder.glob("*_submitted.pkl")}, key=int)
+        for job_id in [i for i in earlier if states.get(i, ("",))[0] in LIVE]:
+            job = submitit.SlurmJob(folder=j.folder, job_id=job_id)
+            try:
+                uri = job.submission().function.env.get("MLFLOW_TRACKING_URI")
+            except Exception:  # noqa: BLE001 - unreadable (another version's pickle): not one to wait for
+                uri = None
+            if uri == j.env.get("MLFLOW_TRACKING_URI"):
+                j.job, j.state = job, states[job_id][0]
+                self.live[job_id] = j
+                self.log(f"  job {job_id} of an earlier invocation still runs {j.name}: waiting for it")
+                return True
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+            self.log(f"  cancelled job {job_id} of an earlier invocation for {j.name}: its tracking server is gone")
+            deadline = time.time() + 120
+            while time.time() < deadline and ((self.queue() or {}).get(job_id) or ("",))[0] in LIVE:
+                time.sleep(POLL_S)  # its run ends before the new job's run starts
+        return False
 
     def build_base_models(self, todo: list[RunSpec], root: Path) -> None:
         """Each distinct embedded base model missing from the cache is built once, by a job, before
