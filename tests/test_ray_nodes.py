@@ -38,12 +38,13 @@ def store(tmp_path, monkeypatch, tiny_base):
 
 def _ray_node(*args: str, log: Path, tries: int = 3) -> subprocess.Popen:
     """``ray start ARGS --block``: one node, its processes in a session of their own, once it says
-    it started. Ray gives a node's agent 30 s to start, which a loaded machine can miss: then the
-    node is stopped and started again."""
+    it started. Ray gives a node's agent 30 s to start (a fixed wait), which a loaded machine can
+    miss: then the node is stopped and started again."""
     for _ in range(tries):
         cmd = [RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000"]
         cmd += ["--disable-usage-stats", "--block"]
-        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**os.environ, "RAY_raylet_start_wait_time_s": "300"}  # Ray's 60 s is short on a loaded machine
+        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline and "Ray runtime started" not in log.read_text():
             time.sleep(1.0)
@@ -116,7 +117,8 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
         max_retries=2,
     )
     camp_dir = tmp_path / "artifacts" / "campaigns" / "tiny-ray-nodes"
-    killed: list[str] = []  # the node id lost, once
+    killed: list[str] = []  # the run whose node was lost, once
+    orphans: list[psutil.Process] = []  # its processes still alive a minute after
     with two_nodes(tmp_path) as (address, worker):
         doc = json.loads(path.read_text())
         path.write_text(json.dumps({**doc, "ray_address": address}))
@@ -129,10 +131,13 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
                 for run_dir in camp_dir.glob("*-seed0-*"):
                     on_worker = _placements(run_dir)[:1] == [worker_id]
                     if on_worker and (run_dir / "checkpoints" / "checkpoint-2" / "prl_state.json").is_file():
-                        procs = psutil.Process(worker.pid).children(recursive=True)
-                        (raylet,) = [p for p in procs if p.name() == "raylet"]
-                        raylet.kill()  # the node is gone: its raylet, then its workers and their runs
+                        runs = [p for p in psutil.process_iter(["cmdline"]) if run_dir.name in str(p.info["cmdline"])]
+                        ray_procs = [p for p in psutil.Process(worker.pid).children(recursive=True) if p not in runs]
+                        for proc in ray_procs:  # the node is gone: every Ray process of it, as `ray stop --force`
+                            with contextlib.suppress(psutil.NoSuchProcess):
+                                proc.kill()
                         killed.append(run_dir.name)
+                        orphans.extend(psutil.wait_procs(runs, timeout=60)[1])
                 time.sleep(0.2)
 
         watcher = threading.Thread(target=lose_the_worker_mid_run, daemon=True)
@@ -144,6 +149,7 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
             stop.set()
             watcher.join(timeout=5)
     assert killed, "no run landed on the worker node, or it finished before its first checkpoint"
+    assert not orphans, f"the lost node's run went on writing: {orphans}"
     assert not summary["failures"] and summary["ran"] == 2, "\n".join(said)
     firsts = {run_dir.name: _placements(run_dir) for run_dir in camp_dir.glob("*-seed0-*")}
     assert sorted(p[0] for p in firsts.values()) == sorted([head_id, worker_id])  # the runs landed on both nodes
