@@ -16,7 +16,7 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-full test chromium lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -36,7 +36,7 @@ $(FULL): $(STAMP) requirements-full.lock
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
 setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requirements-full.lock)
 
-test: $(FULL) postgres chromium ## ruff + the whole test suite
+test: $(FULL) postgres chromium slurm ## ruff + the whole test suite
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -44,6 +44,11 @@ chromium: # Debian's headless Chromium, for the test that renders the MLflow UI 
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
 	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) chromium || { apt-get update -qq && $(APT_INSTALL) chromium; }; }; } || \
 	  { echo "error: the tests need a headless Chromium: apt-get install chromium"; exit 1; }
+
+slurm: # Debian's SLURM (slurmctld, slurmd, client commands) and munge, for the SLURM backend's tests (installed with apt when root)
+	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) slurm-wlm munge || { apt-get update -qq && $(APT_INSTALL) slurm-wlm munge; }; }; } || \
+	  { echo "error: the tests need Debian's SLURM and munge: apt-get install slurm-wlm munge"; exit 1; }
 
 postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (installed with apt when root)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \

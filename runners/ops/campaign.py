@@ -2,7 +2,8 @@
 settings), its expansion into runs, and each run's identity.
 
 Running one is ``runners.ops.campaign_runs`` (MLflow bookkeeping) with a scheduler beside it:
-``runners.ops.local`` (processes on this machine) or ``runners.ops.cluster`` (Ray tasks).
+``runners.ops.local`` (processes on this machine), ``runners.ops.cluster`` (Ray tasks) or
+``runners.ops.slurm`` (SLURM jobs).
 """
 
 from __future__ import annotations
@@ -123,6 +124,77 @@ class Adaptive:
 
 
 @dataclass
+class Slurm:
+    """A campaign's ``slurm:`` section: what each run's SLURM job asks for (``runners.ops.slurm``)."""
+
+    time: int  # minutes: the job's time limit (a run that reaches it is requeued and resumes)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gpus: int = 0  # per run (> 1: DDP through accelerate, as gpus_per_run does locally)
+    cpus: int = 1  # per run
+    mem_gb: float | None = None  # per run; None: the partition's default
+    constraint: str | None = None
+    setup: list[str] = field(default_factory=list)  # shell lines run before each run (module load, venv)
+    sbatch: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {reservation: x}
+
+    @classmethod
+    def parse(cls, spec: Any) -> Slurm:
+        example = "{time: '4:00:00', partition: gpu, account: lab, gpus: 1, cpus: 8, mem_gb: 64}"
+        if not isinstance(spec, dict):
+            raise CampaignError(f"slurm = {spec!r}: expected a mapping, e.g. {example}")
+        keys = list(cls.__dataclass_fields__)
+        unknown = sorted(set(spec) - set(keys))
+        if unknown:
+            near = difflib.get_close_matches(str(unknown[0]), keys, n=1)
+            hint = f"; did you mean 'slurm.{near[0]}'?" if near else f"; known keys: {', '.join(keys)}"
+            raise CampaignError(f"unknown key 'slurm.{unknown[0]}' in the campaign's slurm section{hint}")
+        if "time" not in spec:
+            raise CampaignError(f"slurm.time missing: each job's time limit, minutes or '[D-]HH:MM:SS', e.g. {example}")
+        out = dict(spec, time=_minutes(spec["time"]))
+        for key in ("partition", "account", "qos", "constraint"):
+            if out.get(key) is not None and (not isinstance(out[key], str) or not out[key].strip()):
+                raise CampaignError(f"slurm.{key} = {out[key]!r}: expected a name, e.g. {key}: my-{key}")
+        for key, low in (("gpus", 0), ("cpus", 1)):
+            v = out.get(key, low)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise CampaignError(f"slurm.{key} = {v!r}: expected a whole number >= {low} per run")
+        v = out.get("mem_gb")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            raise CampaignError(f"slurm.mem_gb = {v!r}: expected the memory of each run in GB, e.g. 32")
+        v = out.get("setup", [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise CampaignError(f"slurm.setup = {v!r}: expected a list of shell lines, e.g. ['module load cuda']")
+        v = out.get("sbatch", {})
+        if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
+            raise CampaignError(f"slurm.sbatch = {v!r}: expected sbatch options as a mapping, e.g. {{exclude: node7}}")
+        return cls(**out)
+
+
+def _minutes(v: Any) -> int:
+    """A SLURM time limit as whole minutes: a number of minutes, 'HH:MM:SS' or 'D-HH[:MM[:SS]]'
+    (SLURM reads 'A:B' as minutes:seconds, so that ambiguous form is refused)."""
+    bad = CampaignError(f"slurm.time = {v!r}: expected minutes (e.g. 240), 'HH:MM:SS' or 'D-HH:MM:SS' ('1-12:00:00')")
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise bad
+        return v
+    if not isinstance(v, str):
+        raise bad
+    days, dash, clock = v.strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(x.isdigit() for x in parts) or (dash and not days.isdigit()) or len(parts) > 3:
+        raise bad
+    if not dash and len(parts) != 3:
+        raise bad
+    h, m, s = (int(x) for x in (parts + ["0", "0"])[:3])
+    total = (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
+    if total < 1 or m >= 60 or s >= 60:
+        raise bad
+    return total
+
+
+@dataclass
 class Axis:
     key: str  # dotted recipe key, e.g. algorithm.loss
     values: list[Any]
@@ -144,8 +216,9 @@ class Campaign:
     parallel: int = 1  # concurrent runs on CPU
     runs_per_gpu: int = 1
     gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
-    backend: str = "local"  # local (processes on this machine) | ray (tasks on a Ray cluster)
+    backend: str = "local"  # local (processes on this machine) | ray (tasks on a Ray cluster) | slurm (jobs)
     ray_address: str | None = None  # None: start a local Ray instance; "auto" or ray://host:port: join a cluster
+    slurm: Slurm | None = None  # backend slurm: each run's job (time limit, partition, account, resources)
     max_retries: int = 3  # re-runs of a run killed by a signal (preempted, segfault, OOM kill); it resumes
 
 
@@ -195,17 +268,24 @@ def load_campaign(ref: str | Path) -> Campaign:
         if not isinstance(over, dict) or not over:
             raise CampaignError(f"{p}: control {name!r} needs {{dotted.recipe.key: value, ...}}, got {over!r}")
     adaptive = data.pop("adaptive", None)
+    slurm = data.pop("slurm", None)
     try:
         fit_settings(data.get("fit"))
         if adaptive is not None:
             adaptive = Adaptive.parse(adaptive, data.get("fit") or {})
+        if slurm is not None:
+            slurm = Slurm.parse(slurm)
     except CampaignError as e:
         raise CampaignError(f"{p}: {e}") from None
-    camp = Campaign(path=p, axes=axes, controls=controls, adaptive=adaptive, **data)
+    camp = Campaign(path=p, axes=axes, controls=controls, adaptive=adaptive, slurm=slurm, **data)
     if camp.kind not in ("loo", "forward"):
         raise CampaignError(f"{p}: kind = {camp.kind!r}; choose loo or forward")
-    if camp.backend not in ("local", "ray"):
-        raise CampaignError(f"{p}: backend = {camp.backend!r}; choose local or ray")
+    if camp.backend not in ("local", "ray", "slurm"):
+        raise CampaignError(f"{p}: backend = {camp.backend!r}; choose local, ray or slurm")
+    if camp.backend == "slurm" and camp.slurm is None:
+        raise CampaignError(f"{p}: backend slurm needs a slurm section with the jobs' time limit: slurm: {{time: 240}}")
+    if camp.backend == "slurm" and "gpus_per_run" in data:
+        raise CampaignError(f"{p}: on SLURM each job's GPUs are slurm.gpus; remove gpus_per_run")
     if camp.kind == "forward" and len(axes) != 1:
         raise CampaignError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
     return camp

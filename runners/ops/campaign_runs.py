@@ -1,6 +1,7 @@
 """Running a campaign: its runs' MLflow bookkeeping (an experiment per campaign, a parent run, a
 child run per variant x seed with the recipe as params), what is done and what is left, and
-handing the rest to a scheduler (``runners.ops.local`` or ``runners.ops.cluster``).
+handing the rest to a scheduler (``runners.ops.local``, ``runners.ops.cluster`` (Ray) or
+``runners.ops.slurm``).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
 its checkpoint into the same MLflow run. One process runs a campaign on a store at a time: it
@@ -105,6 +106,15 @@ def _run_campaign(
             f"campaign {camp.name} runs on Ray, which is not installed here: `make setup-full` "
             "(or pip install -r requirements.lock -r requirements-full.lock) installs the pinned ray"
         )
+    if camp.backend == "slurm":
+        if importlib.util.find_spec("submitit") is None:
+            raise CampaignError(
+                f"campaign {camp.name} runs on SLURM through submitit, which is not installed here: "
+                "`make setup` (or pip install -r requirements.lock) installs the pinned submitit"
+            )
+        from runners.ops.slurm import check_slurm
+
+        check_slurm()
 
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
@@ -157,6 +167,10 @@ def _run_campaign(
                 log=log,
                 monitor=monitor,
             )
+        elif camp.backend == "slurm":
+            from runners.ops.slurm import run_on_slurm
+
+            failures = run_on_slurm(camp, todo, prepare, root, log, monitor=monitor)
         else:
             failures = run_local(camp, todo, prepare, root, log, monitor=monitor)
         saved = None

@@ -2,15 +2,17 @@
 
 Each task runs the same command as the local scheduler (``python -m runners train recipe.yaml``)
 with the run's MLflow run id, so a run that is preempted (its process killed by a signal, or its
-node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run. Run
-folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
+node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run; the
+run's process dies with the Ray worker that started it (``locks.child_env``), so a lost node leaves no process writing
+beside the retry. Each attempt records its node (``prl.placement`` tag, a line in ``run.log``).
+Run folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
 reachable from every node (``make tracking-server`` on the head node, or any MLflow server).
-A run's process dies with the Ray worker that started it (``locks.child_env``).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -21,11 +23,26 @@ from runners.ops.local import Launch, tail
 from runners.ops.locks import child_env
 
 
+def note_placement(env: dict[str, str], log_path: str, where: str) -> None:
+    """Say where this attempt of a run runs: a line in its log and its MLflow tag ``prl.placement``."""
+    with open(log_path, "a") as f:
+        f.write(f"[placement] {where}\n")
+    if env.get("MLFLOW_RUN_ID"):
+        from mlflow.tracking import MlflowClient
+
+        from runners.ops import store
+
+        MlflowClient(env["MLFLOW_TRACKING_URI"]).set_tag(env["MLFLOW_RUN_ID"], store.PLACEMENT, where)
+
+
 class Preempted(RuntimeError):
     """The run's process was killed by a signal: retry it (it resumes from its checkpoint)."""
 
 
 def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> tuple[int, str]:
+    import ray
+
+    note_placement(env, log_path, f"ray node {ray.get_runtime_context().get_node_id()} on {socket.gethostname()}")
     with open(log_path, "a") as logf:
         env = {**os.environ, **env, **child_env()}  # the run dies with this worker
         proc = subprocess.run(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env, cwd=cwd)

@@ -39,6 +39,7 @@ STOP_DECISION = "prl.stop_decision"  # why, in words and numbers
 DECISION_PREFIX = "prl.decision."  # + percent of the budget: the decision taken there (JSON)
 ABANDONED_FOR = "prl.abandoned_for"  # a run that could not be resumed: the run that replaced it
 ABANDONED_REASON = "prl.abandoned_reason"
+PLACEMENT = "prl.placement"  # where the run's latest attempt ran: a Ray node, a SLURM job and host
 IMPORTED_FROM = "prl.imported_from"  # a copied run's source run id: a second import skips it
 # MLflow's own experiment tag for which view its UI opens: training runs, not GenAI traces.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}

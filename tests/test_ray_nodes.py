@@ -1,0 +1,167 @@
+"""A Ray campaign on a cluster of two nodes, both on this machine (``ray start --head`` and ``ray
+start --address``, one CPU each): its runs land on both nodes, and when the worker node is lost
+mid-run its run resumes on the head node with every step once in its history."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runners.ops.campaign_runs import run_campaign
+from runners.ops.tracking import free_port
+from tests.test_campaign import history_steps, write_campaign
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, tiny_base):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    return uri
+
+
+def _ray_node(*args: str, log: Path, tries: int = 3) -> subprocess.Popen:
+    """``ray start ARGS --block``: one node, its processes in a session of their own, once it says
+    it started. Ray gives a node's agent 30 s to start (a fixed wait), which a loaded machine can
+    miss: then the node is stopped and started again."""
+    for _ in range(tries):
+        cmd = [RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000"]
+        cmd += ["--disable-usage-stats", "--block"]
+        env = {**os.environ, "RAY_raylet_start_wait_time_s": "300"}  # Ray's 60 s is short on a loaded machine
+        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        deadline = time.time() + 300
+        while proc.poll() is None and time.time() < deadline and "Ray runtime started" not in log.read_text():
+            time.sleep(1.0)
+        if proc.poll() is None and "Ray runtime started" in log.read_text():
+            return proc
+        _stop(proc)
+    raise AssertionError(f"ray start {' '.join(args)} failed {tries} times:\n{log.read_text()[-2000:]}")
+
+
+def _stop(node: subprocess.Popen) -> None:
+    """Stop one node: its ``ray start`` and every process of its session (never `ray stop`, which
+    would stop every Ray on this machine)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        node.wait(timeout=30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
+    node.wait()
+
+
+@contextlib.contextmanager
+def two_nodes(tmp: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A head node and a worker node (resource ``worker``) on this machine; the driver connected."""
+    import ray
+
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    nodes: list[subprocess.Popen] = []
+    try:
+        port = free_port()
+        nodes.append(
+            _ray_node(
+                "--head",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--temp-dir={temp_dir}",
+                log=tmp / "ray-head.log",
+            )
+        )
+        address = f"127.0.0.1:{port}"
+        nodes.append(_ray_node(f"--address={address}", '--resources={"worker": 1}', log=tmp / "ray-worker.log"))
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        deadline = time.time() + 120
+        while len([n for n in ray.nodes() if n["Alive"]]) < 2:
+            assert time.time() < deadline, ray.nodes()
+            time.sleep(1.0)
+        yield address, nodes[1]
+    finally:
+        ray.shutdown()
+        for node in reversed(nodes):
+            _stop(node)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _placements(run_dir: Path) -> list[str]:
+    """The Ray node id of each attempt of a run, from its log."""
+    lines = (run_dir / "run.log").read_text().splitlines() if (run_dir / "run.log").is_file() else []
+    return [x.split()[3] for x in lines if x.startswith("[placement] ray node ")]
+
+
+def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_path):
+    import ray
+
+    path = write_campaign(
+        tmp_path / "ray2.yaml",
+        "tiny-ray-nodes",
+        4,
+        {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}},
+        backend="ray",
+        max_retries=2,
+    )
+    camp_dir = tmp_path / "artifacts" / "campaigns" / "tiny-ray-nodes"
+    killed: list[str] = []  # the run whose node was lost, once
+    orphans: list[psutil.Process] = []  # its processes still alive a minute after
+    with two_nodes(tmp_path) as (address, worker):
+        doc = json.loads(path.read_text())
+        path.write_text(json.dumps({**doc, "ray_address": address}))
+        (worker_id,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "worker" in n["Resources"]]
+        (head_id,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "worker" not in n["Resources"]]
+        stop = threading.Event()
+
+        def lose_the_worker_mid_run() -> None:
+            while not stop.is_set() and not killed:
+                for run_dir in camp_dir.glob("*-seed0-*"):
+                    on_worker = _placements(run_dir)[:1] == [worker_id]
+                    if on_worker and (run_dir / "checkpoints" / "checkpoint-2" / "prl_state.json").is_file():
+                        runs = [p for p in psutil.process_iter(["cmdline"]) if run_dir.name in str(p.info["cmdline"])]
+                        ray_procs = [p for p in psutil.Process(worker.pid).children(recursive=True) if p not in runs]
+                        for proc in ray_procs:  # the node is gone: every Ray process of it, as `ray stop --force`
+                            with contextlib.suppress(psutil.NoSuchProcess):
+                                proc.kill()
+                        killed.append(run_dir.name)
+                        orphans.extend(psutil.wait_procs(runs, timeout=60)[1])
+                time.sleep(0.2)
+
+        watcher = threading.Thread(target=lose_the_worker_mid_run, daemon=True)
+        watcher.start()
+        try:
+            said: list[str] = []
+            summary = run_campaign(path, log=said.append)
+        finally:
+            stop.set()
+            watcher.join(timeout=5)
+    assert killed, "no run landed on the worker node, or it finished before its first checkpoint"
+    assert not orphans, f"the lost node's run went on writing: {orphans}"
+    assert not summary["failures"] and summary["ran"] == 2, "\n".join(said)
+    firsts = {run_dir.name: _placements(run_dir) for run_dir in camp_dir.glob("*-seed0-*")}
+    assert sorted(p[0] for p in firsts.values()) == sorted([head_id, worker_id])  # the runs landed on both nodes
+    assert firsts[killed[0]] == [worker_id, head_id]  # the lost node's run ran again on the head
+    assert "resuming from" in (camp_dir / killed[0] / "run.log").read_text()
+
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("tiny-ray-nodes")
+    children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+    assert len(children) == 2
+    for run in children:
+        assert run.data.tags["prl.done"] == "1"
+        assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]  # every step once
+        assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
+        assert run.data.tags["prl.placement"].startswith(f"ray node {head_id}")  # where its last attempt ran
