@@ -16,7 +16,7 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
