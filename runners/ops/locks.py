@@ -44,6 +44,12 @@ def holder(lock_path: Path) -> str:
     return "another process (its pid was not recorded)"
 
 
+def _program() -> str:
+    """How this process was started: ``python -m runners`` rather than the path of its ``__main__.py``."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    return f"python -m {argv0.parent.name}" if argv0.name == "__main__.py" else f"python {argv0.name}"
+
+
 @contextlib.contextmanager
 def hold(lock_path: Path, what: str, advice: str) -> Iterator[None]:
     """Hold the exclusive lock ``lock_path`` for the block, or raise ``Busy`` at once, in one
@@ -57,7 +63,7 @@ def hold(lock_path: Path, what: str, advice: str) -> Iterator[None]:
     record = Path(f"{lock_path}.json")
     try:
         tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
-        command = " ".join(["python", *sys.argv])[:200]
+        command = " ".join([_program(), *sys.argv[1:]])[:200]
         tmp.write_text(json.dumps({"pid": os.getpid(), "command": command, "since": time.time()}))
         tmp.replace(record)
         yield
