@@ -158,7 +158,6 @@ def serve(
                 said = time.time()
                 log(f"  still starting ({said - started:.0f} s; it answers within 120 s or is stopped)")
             time.sleep(0.5)
-        log(f"{what} answers on {url} ({time.time() - started:.0f} s)")
         yield proc
     finally:
         servers.stop({p.pid: p for p in (main, *servers.processes(token))}.values())
@@ -204,14 +203,24 @@ def local_server(
         str(workers),
         *(["--app-name", "basic-auth"] if auth_env else []),
     ]
+    started = time.time()
     with (
         (artifacts / "server.log").open("ab") as logf,
         serve(
-            cmd, backend_uri, artifacts, port=port, host=host, env=os.environ | (auth_env or {}), out=logf, log=log
+            cmd,
+            backend_uri,
+            artifacts,
+            port=port,
+            host=host,
+            env=os.environ | (auth_env or {}),
+            out=logf,
+            log=log,
+            what="an MLflow tracking server",
         ) as proc,
     ):
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        log(f"MLflow tracking server {url} (store {backend_uri}, pid {proc.pid})")
+        ready = f"ready in {time.time() - started:.0f} s (pid {proc.pid})"
+        log(f"MLflow tracking server {url} (store {backend_uri}) {ready}")
         yield url
 
 
