@@ -141,8 +141,12 @@ def test_an_untracked_rerun_with_nothing_to_resume_says_what_to_do(tiny_base, tm
     """Evaluations up to step 2 and a checkpoint-2 whose save was cut short (no prl_state.json),
     as a failed checkpoint leaves them: one line naming the folder and the way out."""
     from runners.cli import main
+    from runners.ops.runfolder import claim
+    from runners.recipe import load_recipe
 
     run = tmp_path / "run"
+    run.mkdir()
+    claim(run, load_recipe("scalerl", TINY))  # the run's own folder, as its first launch left it
     (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
     (run / "checkpoints" / "checkpoint-2" / "config.json").write_text("{}")
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "val/mean_at_16": 0.0}) + "\n" for s in (0, 2)))
