@@ -14,20 +14,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-TINY = {
-    "model.size": "tiny",
-    "batch.prompts": 2,
-    "batch.generations": 4,
-    "batch.micro_batch": 8,
-    "length.think_budget": [12, 20],
-    "length.answer_budget": 8,
-    "eval.prompts": 8,
-    "eval.samples": 4,
-    "eval.batch_prompts": 8,
-    "train.steps": 4,
-    "train.save_every": 2,
-    "eval.every": 2,
-}
+from tests.test_campaign import TINY as CAMPAIGN_TINY
+
+TINY = {**CAMPAIGN_TINY, "train.steps": 4, "train.save_every": 2, "eval.every": 2}  # the tiny run, 4 steps
 SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]
 
 
