@@ -163,7 +163,19 @@ def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
         f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "
         f"{final['compute/gpu_hours']:.4f} device-hours"
     )
+    _leave_process_group()
     return 0
+
+
+def _leave_process_group() -> None:
+    """Under accelerate, the ranks leave their process group together, as PyTorch asks of a
+    finished script: a rank that exits while another still holds the group can abort it (gloo,
+    seen as SIGABRT after 'done' on a 2-process CPU run)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _single_run(recipe, run_dir: Path, experiment: str) -> tuple[str, bool]:

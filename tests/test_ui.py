@@ -85,10 +85,20 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, tmp_pat
     cmd = [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port), "--campaign", str(path)]
     ui = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
-        lines = [ui.stdout.readline() for _ in range(2)]
-        assert lines[0].startswith(f"MLflow UI: http://127.0.0.1:{port}"), lines
-        assert lines[1].startswith("  campaign ui-check, mean@16 against compute for every run: "), lines
-        url = lines[1].split(": ", 1)[1].strip()
+        # the start's progress and MLflow's own start-up lines come first; then the address, then the campaign's
+        lines: list[str] = []
+        while not lines or not lines[-1].startswith("MLflow UI: "):
+            assert len(lines) < 50 and ui.poll() is None, lines
+            lines.append(ui.stdout.readline())
+        assert lines[0].startswith(f"starting the MLflow UI on http://127.0.0.1:{port}"), lines
+        assert lines[-1].startswith(f"MLflow UI: http://127.0.0.1:{port}"), lines
+        campaign = ui.stdout.readline()
+        while not campaign.startswith("  campaign "):  # a server log line may come between
+            assert len(lines) < 50 and ui.poll() is None, lines
+            lines.append(campaign)
+            campaign = ui.stdout.readline()
+        assert campaign.startswith("  campaign ui-check, mean@16 against compute for every run: "), campaign
+        url = campaign.split(": ", 1)[1].strip()
         _wait_healthy(f"http://127.0.0.1:{port}")
 
         shot = tmp_path / "first-visit.png"
