@@ -16,7 +16,7 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server
+.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -95,6 +95,9 @@ ablation: $(STAMP) ## run a LOO campaign and fit it: make ablation [CAMPAIGN=loo
 
 fit: $(STAMP) ## fit a campaign from MLflow → artifacts/campaigns/NAME/fit/{loo_table.md,curves.csv,loo_curves.png}
 	$(BIN)/python -m analysis fit $(CAMPAIGN)
+
+seeds: $(STAMP) ## seed planner: what the seeds resolve, seeds a margin needs: make seeds CAMPAIGN= [CURVES=results/X/curves.csv]
+	$(BIN)/python -m analysis plan $(CAMPAIGN) $(if $(CURVES),--curves $(CURVES))
 
 report: $(STAMP) ## a run's Markdown report with plots and anomalies: make report RUN=<run id or name> [CAMPAIGN=]
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<run id or name, e.g. baseline/seed0> [CAMPAIGN=loo-cpu]"; exit 2; }

@@ -43,6 +43,25 @@ def ui_address(campaign: str, uri: str) -> str:
     return f"curves in MLflow's UI: make ui, then open {ui.campaign_url('http://127.0.0.1:5000', exp_id)}"
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from analysis.loo import load_curves, read_curves
+    from analysis.planner import plan
+    from runners.ops.campaign import expand, fit_settings, load_campaign
+    from runners.ops.store import default_tracking_uri
+
+    camp = load_campaign(args.campaign)
+    cfg = fit_settings(camp.fit)
+    if args.margin is not None and not 0 < args.margin < 1:
+        raise ValueError(f"--margin {args.margin}: expected a difference in pass rate in (0, 1), e.g. 0.02")
+    if args.curves:
+        curves = read_curves(Path(args.curves), camp.fit)
+    else:
+        uri = args.tracking_uri or default_tracking_uri()
+        curves = load_curves(camp.name, uri, {s.run_key for s in expand(camp)})
+    print(plan(curves, cfg["x"], args.margin if args.margin is not None else cfg["margin"], cfg["last_k"]).text())
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_run_report
     from runners.ops.store import default_tracking_uri
@@ -76,6 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     f.set_defaults(func=cmd_fit)
+    pl = sub.add_parser(
+        "plan",
+        help="seed planner: seed spread, evaluation noise, the smallest difference the seeds resolve, seeds needed",
+        description="Read a campaign's recorded curves (MLflow, or --curves) and print the seed-to-seed spread and "
+        "evaluation noise, the smallest difference each comparison can resolve at the budget and at half of it "
+        "(80%% power, two-sided 5%%), and how many seeds per arm a target margin needs.",
+    )
+    pl.add_argument("campaign", help="campaign file or name in experiments/campaigns")
+    pl.add_argument("--curves", metavar="CSV", help="a published curves.csv instead of reading MLflow")
+    pl.add_argument("--margin", type=float, help="target margin (default the campaign's fit.margin)")
+    pl.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    pl.set_defaults(func=cmd_plan)
     r = sub.add_parser(
         "report",
         help="write a run's Markdown report with plots and anomalies, and log it to the run",

@@ -44,7 +44,10 @@ FIT_DEFAULTS: dict[str, Any] = {
     "margin": 0.02,  # the paper's margin on A, and a prediction's target accuracy
     "level": 0.9,  # coverage of intervals and bands
     "eval_prompts": None,  # prompts per evaluation: floors the noise estimate at mean@16's binomial variance
+    "pooling": "partial",  # partial: the variants fitted jointly (B partially pooled, R0 shared); none: one by one
+    "last_k": 3,  # targets also scored as the mean of each run's last k evaluations (less noisy than the last one)
 }
+POOLING = ("partial", "none")
 
 
 def fit_settings(fit: dict[str, Any] | None) -> dict[str, Any]:
@@ -78,6 +81,14 @@ def fit_settings(fit: dict[str, Any] | None) -> dict[str, Any]:
         raise CampaignError(f"fit.eval_prompts = {v!r}: expected a whole number of prompts >= 1, e.g. 64")
     if cfg["exclude_below"] is not None and (not number("exclude_below") or cfg["exclude_below"] < 0):
         raise CampaignError(f"fit.exclude_below = {cfg['exclude_below']!r}: expected a compute >= 0")
+    if cfg["pooling"] not in POOLING:
+        raise CampaignError(
+            f"fit.pooling = {cfg['pooling']!r}: expected partial (the variants fitted jointly, the default) or none"
+            " (each variant on its own)"
+        )
+    k = cfg["last_k"]
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise CampaignError(f"fit.last_k = {k!r}: expected a whole number of evaluations >= 1, e.g. 3")
     return cfg
 
 

@@ -1,0 +1,724 @@
+"""Bands, backtests, verdicts and calls from a campaign's joint fit, seeds the unit of uncertainty.
+
+``forecast_campaign(cfit)`` gives one ``PooledForecast`` per fitted variant (a ``Forecast``, so
+comparisons, plots and stop decisions read it as they read a single fit's):
+
+1. **Seed deviations.** Where a variant has several seeds, each seed's departure from the
+   variant's mean at each evaluation (scaled by sqrt(k / (k - 1))) is one draw of how a run
+   wanders around its recipe's curve: evaluation noise, drift and seed offset together, with
+   their correlation over the run kept whole. The campaign's series form one pool (seed noise is
+   a property of the setup, the same assumption a t test pooling the seeds' variance makes).
+   Without several seeds anywhere, each run's residual series from its fitted curve stands in.
+2. **Seed bootstrap of the joint fit.** Each resample gives every run of every variant a
+   deviation series drawn from the pool, around the joint fit's curves, and refits the campaign
+   the way ``fit_campaign`` did (B's campaign mean re-estimated, its spread kept): the spread of
+   the refitted curves is the confidence band; adding the deviation of a new k-seed mean — its
+   size from the pool's series over the last third of the fitted range, σ²/k, for one evaluation
+   or the mean of the last w — is the prediction band.
+3. **Not a sigmoid, no band.** B on a bound of its range, a curve that rises then falls (its
+   latest evaluations significantly below its peak), or its latest third off the fitted curve:
+   no band and no verdict but the reason, never a band that looks calibrated.
+4. **Backtests past the knee.** The campaign is refitted on prefixes of every variant's range
+   and asked for later fitted points (at most the question's ratio ahead, at least its square
+   root); only variants past their knee at the origin count. Each error is scored against the
+   prefix's own prediction sd for the k-seed mean observed there, and the pooled standardised
+   errors widen every band of the campaign when they are larger than it claimed (never narrower).
+5. **Verdict.** ``predictable`` when a k-seed mean at the target lands within ±margin with
+   probability >= the forecast's level (the calibrated band is inside the margin), the knee is
+   reached, and nothing is on a grid edge; otherwise each reason in numbers. The expected error is
+   the calibrated RMS error of that prediction, noise of the k-seed mean included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from scalefit.curve import sigmoid_residuals
+from scalefit.errors import FitError
+from scalefit.fit import B_BOUNDS, SigmoidFit
+from scalefit.forecast import (
+    CALIBRATION_PRIOR,
+    DEFAULT_LEVEL,
+    DEFAULT_RATIO,
+    KNEE_SHARE,
+    Backtest,
+    Forecast,
+    NoiseModel,
+    Verdict,
+    _series,
+    eval_sd,
+)
+from scalefit.lm import batched_lm
+from scalefit.pooled import (
+    LOGB_GRID,
+    CampaignFit,
+    _interp_rows,
+    _normal_kernel,
+    fine_grid,
+    fit_campaign,
+)
+from scalefit.uncertainty import central_percentiles
+
+TAIL = 1.0 / 3.0  # the structure check looks at the last third of the fitted range
+P_GRID = np.linspace(0.0, 1.0, 401)
+COLLAPSE_Z = 4.0
+STRUCTURE_Z = 3.0
+MAX_BACKTESTS = 3
+BACKTEST_RESAMPLES = 120
+RESAMPLE_GRID = 31
+
+
+def _aligned(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray] | None:
+    """The computes every run of the fit has, and each run's values there (runs x computes)."""
+    c_all, v_all = fit.inputs
+    series = _series(fit)
+    common = c_all[series[0]]
+    for idx in series[1:]:
+        common = np.intersect1d(common, c_all[idx])
+    if len(common) < 4:
+        return None
+    rows = []
+    for idx in series:
+        c, v = c_all[idx], v_all[idx]
+        rows.append(np.array([v[c == x].mean() for x in common]))
+    return common, np.array(rows)
+
+
+@dataclass
+class DeviationPool:
+    """Series of one run's deviation from its recipe's curve, on positions in its fitted range."""
+
+    positions: list[np.ndarray]
+    deviations: list[np.ndarray]
+    kind: str  # "seeds": within-variant seed deviations; "residuals": runs' residuals from their fits
+    dof: int
+
+    def __post_init__(self) -> None:
+        self.on_grid = np.array([np.interp(P_GRID, p, d) for p, d in zip(self.positions, self.deviations, strict=True)])
+
+    def __len__(self) -> int:
+        return len(self.deviations)
+
+    def variance(self, window: int = 1) -> tuple[float, float]:
+        """(a, b) of var(p) = a + b p: the variance of one run's mean over ``window`` successive
+        evaluations ending at position p of the fitted range. A run wanders from its recipe's curve
+        like a random walk (its variance grows with compute) on top of noise that does not grow
+        (the evaluation's); both are fitted to the pool's squared deviations (non-negative,
+        weighted least squares) and the line carries the noise beyond the fitted range."""
+        ends, sq = [], []
+        for p, d in zip(self.positions, self.deviations, strict=True):
+            w = min(window, len(d))
+            means = np.convolve(d, np.ones(w) / w, mode="valid")
+            ends.append(p[w - 1 :])
+            sq.append(means**2)
+        x, y = np.concatenate(ends), np.concatenate(sq)
+        keep = x > 0
+        x, y = x[keep], y[keep]
+        if len(x) == 0:
+            return 0.0, 0.0
+        design = np.column_stack([np.ones_like(x), x])
+        coef = np.array([float(np.mean(y)), 0.0])
+        for _ in range(3):  # var(d^2) grows with its mean: reweight by the fitted variance
+            w = 1.0 / np.maximum(design @ coef, 1e-12)
+            coef, _ = nnls(design * w[:, None], y * w)
+        return float(coef[0]), float(coef[1])
+
+    def sd(self, window: int = 1, position: float = 1.0) -> float:
+        a, b = self.variance(window)
+        return float(np.sqrt(max(a + b * position, 0.0)))
+
+    def phi(self) -> float:
+        num = sum(float(d[1:] @ d[:-1]) for d in self.deviations if len(d) > 1)
+        den = sum(float(d[:-1] @ d[:-1]) for d in self.deviations if len(d) > 1)
+        return float(np.clip(num / den, 0.0, 0.99)) if den > 0 else 0.0
+
+    def draw(self, rng: np.random.Generator, positions: np.ndarray, size: int) -> np.ndarray:
+        """``size`` deviation series at ``positions`` (size x len(positions)), donors drawn at random."""
+        j = rng.integers(0, len(self), size=size)
+        x = np.clip(positions, 0.0, 1.0) * (len(P_GRID) - 1)
+        i0 = np.minimum(np.floor(x).astype(int), len(P_GRID) - 2)
+        w = x - i0
+        g = self.on_grid[j]
+        return g[:, i0] * (1.0 - w) + g[:, i0 + 1] * w
+
+
+def deviation_pool(fits: dict[str, SigmoidFit]) -> DeviationPool:
+    """The campaign's seed deviations (variants with several seeds), else the runs' residuals."""
+    pos, dev, dof = [], [], 0
+    for f in fits.values():
+        al = _aligned(f) if len(np.unique(f.run_inputs)) > 1 else None
+        if al is None:
+            continue
+        common, y = al
+        k = len(y)
+        d = (y - y.mean(axis=0)) * np.sqrt(k / (k - 1))
+        c_fit = float(f.compute.max())
+        for row in d:
+            pos.append(common / c_fit)
+            dev.append(row)
+        dof += k - 1
+    if pos:
+        return DeviationPool(pos, dev, "seeds", dof)
+    for f in fits.values():
+        c_all, v_all = f.inputs
+        c_fit = float(f.compute.max())
+        n = max(f.n_points, 5)
+        for idx in _series(f):
+            pos.append(c_all[idx] / c_fit)
+            dev.append((v_all[idx] - f.predict(c_all[idx])) * np.sqrt(n / (n - 3)))
+            dof += 1
+    if not pos:
+        raise FitError("no runs to measure the noise from")
+    return DeviationPool(pos, dev, "residuals", dof)
+
+
+def _position_key(c: np.ndarray, c_fit: float) -> np.ndarray:
+    return np.round(c / c_fit, 6)
+
+
+def shared_variance(fits: dict[str, SigmoidFit]) -> float:
+    """Variance of what every variant's curve shares at one evaluation (the evaluation's prompts
+    and seed are the same for all runs at a step): the mean product of two variants' residuals
+    (seed means less their fitted curves) at the same position of their ranges, zero compute left out."""
+    resid: dict[str, dict[float, float]] = {}
+    for v, f in fits.items():
+        c_all, v_all = f.inputs
+        keep = f.used
+        keys = _position_key(c_all[keep], float(f.compute.max()))
+        r = v_all[keep] - f.predict(c_all[keep])
+        resid[v] = {float(k): float(r[keys == k].mean()) for k in np.unique(keys)}
+    names = list(resid)
+    products = []
+    for i, v in enumerate(names):
+        for w in names[i + 1 :]:
+            common = set(resid[v]) & set(resid[w])
+            products += [resid[v][k] * resid[w][k] for k in common]
+    return max(float(np.mean(products)), 0.0) if products else 0.0
+
+
+def _profile_resamples(
+    log_c: np.ndarray, Y: np.ndarray, r0: np.ndarray, logb: np.ndarray, a_range, c_range, start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``profile_b`` for every resample (rows of Y, R0 per row) at once, from ``start`` (nb, 2)."""
+    R, nb = len(Y), len(logb)
+    bvals = np.exp(logb)
+    lower = np.array([min(a_range), np.log(min(c_range))])
+    upper = np.array([max(a_range), np.log(max(c_range))])
+    sse, th = np.empty(R * nb), np.tile(start, (R, 1))
+    from scalefit.fit import _chunks
+
+    for part in _chunks(R * nb, 6 * len(log_c)):
+        idx = np.arange(R * nb)[part]
+
+        def residuals(t: np.ndarray, rows: np.ndarray, idx=idx) -> tuple[np.ndarray, np.ndarray]:
+            k = idx[rows]
+            full = np.column_stack([t[:, 0], bvals[k % nb], t[:, 1]])
+            r, jac = sigmoid_residuals(full, log_c[None, :], Y[k // nb], r0[k // nb, None])
+            return r, jac[..., [0, 2]]
+
+        th[part], sse[part] = batched_lm(residuals, th[part], lower, upper, iters=60)
+    return sse.reshape(R, nb), th[:, 0].reshape(R, nb), th[:, 1].reshape(R, nb)
+
+
+def _resample_grid(cfit: CampaignFit) -> np.ndarray:
+    """log B values covering every pooled variant's posterior and the campaign's prior."""
+    grid = fine_grid(LOGB_GRID)
+    lo, hi = cfit.mu - 5 * cfit.tau, cfit.mu + 5 * cfit.tau
+    for v in cfit.pooled:
+        post = cfit.loglik[v] - 0.5 * ((grid - cfit.mu) / cfit.tau) ** 2
+        inside = grid[post >= post.max() - 12.0]
+        lo, hi = min(lo, inside.min()), max(hi, inside.max())
+    span = max(hi - lo, 0.2)
+    mid = (hi + lo) / 2
+    return np.linspace(max(mid - 0.6 * span, LOGB_GRID[0]), min(mid + 0.6 * span, LOGB_GRID[-1]), RESAMPLE_GRID)
+
+
+def campaign_bootstrap(
+    cfit: CampaignFit,
+    pool: DeviationPool,
+    n_resamples: int,
+    seed: int = 0,
+    skip: frozenset = frozenset(),
+    shared_var: float = 0.0,
+) -> dict[str, np.ndarray]:
+    """Parameter draws (A, B, C_mid, R0) per variant, resample i of every variant from one
+    simulated campaign (so differences between variants are paired): each run a deviation series
+    from the pool, each evaluation position a shock shared by every variant (``shared_var``)."""
+    rng = np.random.default_rng(seed)
+    names = [v for v in cfit.fits if v not in skip]
+    keys = {v: _position_key(cfit.fits[v].inputs[0], float(cfit.fits[v].compute.max())) for v in names}
+    all_keys = np.unique(np.concatenate([k[k > 0] for k in keys.values()])) if names else np.array([])
+    shocks = rng.standard_normal((n_resamples, len(all_keys))) * np.sqrt(shared_var)
+    sims, zero_dev = {}, {}
+    for v in names:
+        f = cfit.fits[v]
+        c_all, _ = f.inputs
+        c_fit = float(f.compute.max())
+        y = np.tile(f.predict(c_all), (n_resamples, 1))
+        pos = keys[v] > 0
+        y[:, pos] += shocks[:, np.searchsorted(all_keys, keys[v][pos])]
+        base = c_all == c_all.min()
+        zd = []
+        for idx in _series(f):
+            d = pool.draw(rng, c_all[idx] / c_fit, n_resamples)
+            y[:, idx] += d
+            zd.append(d[:, base[idx]].mean(axis=1) if base[idx].any() else np.zeros(n_resamples))
+        sims[v], zero_dev[v] = y, np.mean(zd, axis=0)
+    if cfit.r0_shared:
+        shift = np.mean([zero_dev[v] for v in names], axis=0)
+        r0s = {v: cfit.r0 + shift for v in names}
+    else:
+        r0s = {v: cfit.fits[v].R0 + zero_dev[v] for v in names}
+    out: dict[str, np.ndarray] = {}
+    pooled = [v for v in names if v in cfit.pooled]
+    if pooled:
+        grid = _resample_grid(cfit)
+        fine = fine_grid(grid)
+        ll, args = {}, {}
+        for v in pooled:
+            f = cfit.fits[v]
+            sse0, a0, lcm0 = cfit.profiles[v]
+            start = np.column_stack([np.interp(grid, LOGB_GRID, a0), np.interp(grid, LOGB_GRID, lcm0)])
+            a_range, c_range = (f.a_grid.min(), f.a_grid.max()), (f.cmid_grid.min(), f.cmid_grid.max())
+            Y = sims[v][:, f.used]
+            sse, a, lcm = _profile_resamples(np.log(f.compute), Y, r0s[v], grid, a_range, c_range, start)
+            ll[v] = _interp_rows(grid, -(sse - sse.min(axis=1, keepdims=True)) / (2 * f.prior.temperature), fine)
+            args[v] = (a, lcm)
+        L = np.stack([ll[v] for v in pooled], axis=1)  # (R, V, nf)
+        top = L.max(axis=-1, keepdims=True)
+        kern = _normal_kernel(fine, fine, cfit.tau)
+        marg = np.log(np.maximum(np.exp(L - top) @ kern.T, 1e-300)) + top  # (R, V, n_mu)
+        mu = fine[np.argmax(marg.sum(axis=1), axis=1)]  # (R,)
+        for j, v in enumerate(pooled):
+            post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / cfit.tau) ** 2
+            b = fine[np.argmax(post, axis=1)]
+            a, lcm = args[v]
+            A = np.array([np.interp(b[i], grid, a[i]) for i in range(n_resamples)])
+            C = np.exp([np.interp(b[i], grid, lcm[i]) for i in range(n_resamples)])
+            out[v] = np.column_stack([A, np.exp(b), C, r0s[v]])
+    for v in names:
+        if v in out:
+            continue
+        f = cfit.fits[v]
+        log_x = np.log(f.compute)[None, :]
+        Y, r0 = sims[v][:, f.used], r0s[v][:, None]
+
+        def residuals(theta: np.ndarray, rows: np.ndarray, Y=Y, r0=r0, log_x=log_x) -> tuple[np.ndarray, np.ndarray]:
+            return sigmoid_residuals(theta, log_x, Y[rows], r0[rows])
+
+        lower = np.array([f.a_grid.min(), B_BOUNDS[0], np.log(f.cmid_grid.min())])
+        upper = np.array([f.a_grid.max(), B_BOUNDS[1], np.log(f.cmid_grid.max())])
+        theta0 = np.tile([f.A, f.B, np.log(f.C_mid)], (n_resamples, 1))
+        theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
+        out[v] = np.column_stack([theta[:, 0], theta[:, 1], np.exp(theta[:, 2]), r0s[v]])
+    return out
+
+
+@dataclass
+class PooledForecast(Forecast):
+    """A variant's forecast from the joint model (see the module docstring)."""
+
+    noise_var: dict[int, tuple[float, float]] = field(default_factory=dict)  # w -> (a, b): DeviationPool.variance
+    shared_var: float = 0.0  # one evaluation's shock common to every run of the campaign
+    n_seeds: int = 1
+    target: float = np.nan
+    no_band: list[str] = field(default_factory=list)  # why the curve gets no band (not a sigmoid)
+    pool_kind: str = "seeds"
+
+    def _sd(self, window: int, compute, n_runs: int) -> np.ndarray:
+        """sd of the mean of ``n_runs`` runs' means over ``window`` evaluations ending at each compute:
+        each run's own deviation (σ²/k) and the shock they all share."""
+        if window not in self.noise_var:
+            raise ValueError(
+                f"no noise estimate for a mean over {window} evaluations (windows {sorted(self.noise_var)})"
+            )
+        a, b = self.noise_var[window]
+        p = np.atleast_1d(np.asarray(compute, float)) / float(self.fit.compute.max())
+        return np.sqrt(np.maximum(a + b * p, 0.0) / max(n_runs, 1) + self.shared_var / window)
+
+    def _nan(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        c = np.atleast_1d(np.asarray(compute, float))
+        return np.full(len(c), np.nan), np.full(len(c), np.nan)
+
+    def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        return self._nan(compute) if self.no_band else super().confidence_band(compute)
+
+    def interval(self, param: str) -> tuple[float, float]:
+        return (np.nan, np.nan) if self.no_band else super().interval(param)
+
+    def target_draws(self, computes, n_runs: int = 1) -> np.ndarray:
+        """Draws of the mean of ``n_runs`` runs' evaluations averaged over ``computes`` (one compute: a
+        single evaluation; the last k evaluations: their mean), calibrated by the backtests."""
+        c, curves = self._curves(computes)
+        point = float(self.point(c).mean())
+        mean_curve = curves.mean(axis=1)
+        scale = self.sigma_draws / self.noise.sigma if self.noise.sigma > 0 else np.ones(len(curves))
+        rng = np.random.default_rng(self.seed + 1)
+        dev = rng.standard_normal(len(curves)) * scale * self._sd(len(c), c.max(), n_runs)[0]
+        return point + self.calibration * (mean_curve + dev - point)
+
+    def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
+        c, curves = self._curves(compute)
+        scale = self.sigma_draws / self.noise.sigma if self.noise.sigma > 0 else np.ones(len(curves))
+        rng = np.random.default_rng(self.seed + 1)
+        dev = rng.standard_normal(curves.shape) * scale[:, None] * self._sd(1, c, n_runs)[None, :]
+        point = self.point(c)[None, :]
+        return point + self.calibration * (curves + dev - point)
+
+    def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        return self._nan(compute) if self.no_band else super().prediction_band(compute, n_runs, level)
+
+    def target_band(self, computes, n_runs: int = 1, level: float | None = None) -> tuple[float, float]:
+        """The band of ``target_draws`` (NaN for a curve with no band)."""
+        if self.no_band:
+            return np.nan, np.nan
+        lo, hi = np.percentile(self.target_draws(computes, n_runs), central_percentiles(level or self.level))
+        return float(lo), float(hi)
+
+    def expected_error_at(self, computes, n_runs: int | None = None) -> float:
+        """RMS error of the point prediction against what ``n_runs`` seeds (default: this variant's)
+        will show averaged over ``computes``: the calibrated band's spread, their noise σ²/k included."""
+        d = self.target_draws(computes, n_runs or self.n_seeds)
+        return float(np.sqrt(np.mean((d - float(self.point(computes).mean())) ** 2)))
+
+    @property
+    def expected_error(self) -> float | None:
+        if self.no_band or not np.isfinite(self.target):
+            return None
+        return self.expected_error_at([self.target])
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict() if not self.no_band else {"level": self.level, "no_band": list(self.no_band)}
+        out.update(
+            noise_var={str(k): list(v) for k, v in self.noise_var.items()},
+            n_seeds=self.n_seeds,
+            target=self.target,
+            noise_from=self.pool_kind,
+            verdict=self.verdict.to_dict() if self.verdict else None,
+        )
+        return out
+
+
+def _variant_mean(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over runs at each fitted compute (computes in order), zero compute included."""
+    c_all, v_all = fit.inputs
+    keep = fit.used | (c_all == c_all.min())
+    cs = np.unique(c_all[keep])
+    return cs, np.array([v_all[keep & (c_all == x)].mean() for x in cs])
+
+
+def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[str]:
+    """Why this curve is not a sigmoid its band could be trusted on (empty when it is one)."""
+    out = []
+    if fit.a_at_edge:
+        out.append(f"A = {fit.A:.3f} is on the edge of its grid (the asymptote is not identified)")
+    if fit.cmid_at_edge:
+        out.append(f"C_mid = {fit.C_mid:.4g} is on the edge of its grid (not identified)")
+    if fit.b_at_bound:
+        out.append(f"B = {fit.B:.3g} is on a bound of its range (a {'step' if fit.B > 1 else 'flat line'})")
+    cs, m = _variant_mean(fit)
+    k = max(n_seeds, 1)
+    w = min(3, max(len(m) // 4, 1))
+    if len(m) >= 2 * w + 2:
+        smooth = np.convolve(m, np.ones(w) / w, mode="valid")
+        peak = int(np.argmax(smooth[:-1]))
+        drop = float(smooth[peak] - smooth[-1])
+        se = pool.sd(w) * np.sqrt(2.0 / k)
+        if se > 0 and drop / se > COLLAPSE_Z and peak < len(smooth) - 2:
+            out.append(
+                f"rises then falls: its mean over {w} evaluations peaks at {smooth[peak]:.3f} "
+                f"(compute {cs[peak + w - 1]:.3g}) and ends at {smooth[-1]:.3f} (z = {drop / se:.1f})"
+            )
+    used = cs > 0
+    c_fit = cs[used]
+    third = c_fit[c_fit >= c_fit.max() * (1.0 - TAIL) - 1e-12] if len(c_fit) else c_fit
+    n_tail = len(third)
+    if n_tail >= 2:
+        resid = m[np.isin(cs, third)] - fit.predict(third)
+        se = pool.sd(n_tail) / np.sqrt(k)
+        z = float(resid.mean() / se) if se > 0 else 0.0
+        if abs(z) > STRUCTURE_Z:
+            way = "above" if z > 0 else "below"
+            out.append(
+                f"its latest third lies {way} the fitted curve (z = {z:+.1f}): structure the sigmoid does not explain"
+            )
+    return out
+
+
+def _knee_share(fit: SigmoidFit, at: float) -> float:
+    gain = fit.A - fit.R0
+    return float((fit.predict(at) - fit.R0) / gain) if gain > 0 else 0.0
+
+
+def _noise_vars(
+    pool: DeviationPool, windows: tuple[int, ...], eval_prompts: int | None, level: float, shared_var: float
+) -> dict[int, tuple[float, float]]:
+    """The pool's variance line for each window. When the evaluation's size is known, one
+    evaluation's variance (a run's own plus the shared shock) is at least mean@16's binomial one."""
+    out = {}
+    floor = eval_sd(level, eval_prompts)
+    for w in windows:
+        a, b = pool.variance(w)
+        if floor is not None:
+            a = max(a, max(float(floor) ** 2 - shared_var, 0.0) / w)
+        out[w] = (a, b)
+    return out
+
+
+def _verdict(fc: PooledForecast, margin: float) -> Verdict:
+    f = fc.fit
+    if fc.no_band:
+        return Verdict(False, ["not a sigmoid, no band: " + "; ".join(fc.no_band)])
+    reasons, more = [], []
+    c_fit = float(f.compute.max())
+    share = _knee_share(f, c_fit)
+    if share < KNEE_SHARE:
+        reasons.append(f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point")
+        more.append(f.C_mid / c_fit)
+    reasons += [r for r in f.not_identified if not r.startswith("B =")]
+    identified = not reasons
+    d = fc.target_draws([fc.target], fc.n_seeds)
+    point = float(fc.point([fc.target])[0])
+    p_within = float(np.mean(np.abs(d - point) <= margin))
+    error_only = False
+    if p_within < fc.level:
+        half = float(np.percentile(np.abs(d - point), 100 * fc.level))
+        reasons.append(
+            f"a {fc.n_seeds}-seed mean at {fc.ratio:.2g}x lands within ±{margin:g} with probability {p_within:.2f} "
+            f"< {fc.level:g} (its {fc.level:.0%} band is ±{half:.3f})"
+        )
+        error_only = identified
+    return Verdict(not reasons, reasons, max(more) if more else None, error_only)
+
+
+def _build_forecasts(
+    cfit: CampaignFit,
+    n_resamples: int,
+    seed: int,
+    level: float,
+    margin: float,
+    ratio: float | dict[str, float] | None,
+    eval_prompts: int | None,
+    windows: tuple[int, ...],
+) -> tuple[dict[str, PooledForecast], DeviationPool]:
+    seeds = {v: len(np.unique(f.run_inputs)) for v, f in cfit.fits.items()}
+    pool = deviation_pool(cfit.fits)
+    no_band = {v: shape_reasons(f, pool, seeds[v]) for v, f in cfit.fits.items()}
+    clean = {v: f for v, f in cfit.fits.items() if not no_band[v]}
+    if clean and len(clean) < len(cfit.fits):
+        with contextlib.suppress(FitError):  # a collapsing variant's seeds do not set everyone's noise
+            pool = deviation_pool(clean)
+    level_now = float(np.mean([f.predict(f.compute.max()) for f in cfit.fits.values()]))
+    skip = frozenset(v for v in no_band if no_band[v])
+    shared = shared_variance({v: f for v, f in cfit.fits.items() if v not in skip})
+    nv = _noise_vars(pool, windows, eval_prompts, level_now, shared)
+    sd1 = float(np.sqrt(sum(nv[1])))  # one evaluation at the end of the fitted range
+    draws = campaign_bootstrap(cfit, pool, n_resamples, seed, skip, shared)
+    rng = np.random.default_rng(seed + 3)
+    dof = max(pool.dof, 1)
+    sigma_draws = sd1 * np.sqrt(dof / rng.chisquare(dof, size=n_resamples))
+    out = {}
+    for v, f in cfit.fits.items():
+        r = ratio.get(v, DEFAULT_RATIO) if isinstance(ratio, dict) else (ratio or DEFAULT_RATIO)
+        samples = draws.get(v, np.full((n_resamples, 4), np.nan))
+        noise = NoiseModel(sd1, pool.phi(), dof, None, seeds[v])
+        fc = PooledForecast(
+            f,
+            level,
+            noise,
+            samples,
+            sigma_draws,
+            r,
+            margin,
+            seed=seed,
+            noise_var=nv,
+            shared_var=shared,
+            n_seeds=seeds[v],
+            target=float(f.compute.max()) * r,
+            no_band=no_band[v],
+            pool_kind=pool.kind,
+        )
+        out[v] = fc
+    return out, pool
+
+
+def _backtests(
+    cfit: CampaignFit,
+    full: dict[str, PooledForecast],
+    ratio: float,
+    level: float,
+    margin: float,
+    eval_prompts,
+    seed: int,
+) -> dict[str, list[Backtest]]:
+    """Refit the campaign on prefixes (the same fraction of every variant's fitted range) and score
+    each variant past its knee at the origin on its farthest fitted point within ``ratio``."""
+    ref = max(cfit.fits.values(), key=lambda f: len(np.unique(f.compute)))
+    pos = np.unique(ref.compute) / ref.compute.max()
+    feasible = []
+    for q in pos[3:]:
+        ahead = pos[(pos > q * (1 + 1e-9)) & (pos <= q * ratio * (1 + 1e-9))]
+        if len(ahead) and ahead.max() >= q * np.sqrt(ratio) * (1 - 1e-9):
+            feasible.append(float(q))
+    out: dict[str, list[Backtest]] = {v: [] for v in cfit.fits}
+    for q in feasible[-MAX_BACKTESTS:]:
+        upto = {v: q * float(f.compute.max()) for v, f in cfit.fits.items()}
+        try:
+            prefix = cfit.refit(fit_upto=upto)
+            fcs, _ = _build_forecasts(prefix, BACKTEST_RESAMPLES, seed, level, margin, None, eval_prompts, (1,))
+        except FitError:
+            continue
+        for v, fc in fcs.items():
+            if v not in full or fc.no_band or full[v].no_band or _knee_share(cfit.fits[v], upto[v]) < KNEE_SHARE:
+                continue
+            f = cfit.fits[v]
+            c_fit = f.compute
+            ahead = c_fit[(c_fit > upto[v] * (1 + 1e-9)) & (c_fit <= upto[v] * ratio * (1 + 1e-9))]
+            if not len(ahead) or ahead.max() < upto[v] * np.sqrt(ratio) * (1 - 1e-9):
+                continue
+            t = float(ahead.max())
+            at_t = f.value[c_fit == t]
+            d = fc.target_draws([t], len(at_t))
+            out[v].append(Backtest(upto[v], t, float(fc.point([t])[0]), float(at_t.mean()), float(np.std(d)), ratio))
+    return out
+
+
+def calibration(backtests: dict[str, list[Backtest]]) -> float:
+    """Width factor of every band from the campaign's backtests: the RMS standardised error (each
+    scored against its prefix's own band, the shock shared at that evaluation included) with a
+    prior weight on "the model's band is right"; never below 1."""
+    zs = np.array([b.z for bts in backtests.values() for b in bts if np.isfinite(b.z)])
+    return max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
+
+
+def forecast_campaign(
+    cfit: CampaignFit,
+    *,
+    level: float = DEFAULT_LEVEL,
+    target: float | dict[str, float] | None = None,
+    margin: float = 0.02,
+    eval_prompts: int | None = None,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    windows: tuple[int, ...] = (1, 3),
+    backtest: bool = True,
+) -> dict[str, PooledForecast]:
+    """Forecast every fitted variant of a joint fit (see the module docstring).
+
+    target: the compute the predictions are for, one or one per variant (default: the variant's
+      last held-out point, else 2x its fitted compute). windows: the numbers of successive
+      evaluations whose mean can be predicted (1: one evaluation; 3: the last three).
+    """
+    if not 0.0 < level < 1.0:
+        raise FitError(f"level must lie in (0, 1), got {level}")
+    if n_resamples < 20:
+        raise FitError(f"n_resamples must be at least 20, got {n_resamples}")
+    if not cfit.fits:
+        return {}
+    ratio: dict[str, float] = {}
+    for v, f in cfit.fits.items():
+        c_fit = float(f.compute.max())
+        t = target.get(v) if isinstance(target, dict) else target
+        if t is None and len(f.heldout_compute):
+            t = float(f.heldout_compute.max())
+        ratio[v] = max(float(t) / c_fit, 1.0) if t is not None else DEFAULT_RATIO
+    fcs, _ = _build_forecasts(cfit, n_resamples, seed, level, margin, ratio, eval_prompts, windows)
+    if backtest:
+        question = float(np.median(list(ratio.values())))
+        bts = _backtests(cfit, fcs, question, level, margin, eval_prompts, seed)
+        cal = calibration(bts)
+        for v, fc in fcs.items():
+            fc.backtests, fc.calibration = bts.get(v, []), cal
+    for fc in fcs.values():
+        fc.verdict = _verdict(fc, margin)
+    return fcs
+
+
+@dataclass
+class Call:
+    """A variant against the baseline at a budget, from the joint model's paired draws."""
+
+    label: str  # worse | no difference | better | cannot tell yet
+    delta: float  # predicted mean-curve difference, variant - baseline
+    lo: float
+    hi: float
+    reason: str = ""
+
+    def text(self, margin: float) -> str:
+        if self.label == "cannot tell yet" and self.reason:
+            return f"cannot tell yet: {self.reason}"
+        return f"{self.label}: Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
+
+
+def call_difference(
+    variant: PooledForecast,
+    baseline: PooledForecast,
+    budget: float,
+    baseline_budget: float | None = None,
+    *,
+    margin: float = 0.02,
+    level: float = 0.95,
+) -> Call:
+    """worse / better when the whole interval of the mean-curve difference at the budget is beyond
+    ∓margin, no difference when it is inside ±margin, else cannot tell yet; a curve with no band,
+    or not identified, gives no call."""
+    why = [f"{n} is not a sigmoid" for n, fc in (("variant", variant), ("baseline", baseline)) if fc.no_band]
+    for n, fc in (("variant", variant), ("baseline", baseline)):
+        if not fc.no_band and fc.fit.not_identified:
+            why.append(f"{n}'s fit is not identified")
+    bb = budget if baseline_budget is None else baseline_budget
+    if why:
+        return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
+    v = variant.mean_draws([budget])[:, 0]
+    b = baseline.mean_draws([bb])[:, 0]
+    n = min(len(v), len(b))
+    d = v[:n] - b[:n]  # resample i of both from one simulated campaign: paired
+    delta = float(variant.point([budget])[0] - baseline.point([bb])[0])
+    lo, hi = (float(x) for x in np.percentile(d - np.median(d) + delta, central_percentiles(level)))
+    if hi < -margin:
+        label = "worse"
+    elif lo > margin:
+        label = "better"
+    elif -margin <= lo and hi <= margin:
+        label = "no difference"
+    else:
+        label = "cannot tell yet"
+    return Call(label, delta, lo, hi)
+
+
+def fit_and_forecast_campaign(
+    curves,
+    *,
+    pooling: str = "partial",
+    fit_upto=None,
+    exclude_below=None,
+    a_grid=None,
+    target=None,
+    level: float = DEFAULT_LEVEL,
+    eval_prompts: int | None = None,
+    margin: float = 0.02,
+    n_resamples: int = 1000,
+    windows: tuple[int, ...] = (1, 3),
+    backtest: bool = True,
+) -> tuple[CampaignFit, dict[str, PooledForecast]]:
+    """``fit_campaign`` then ``forecast_campaign``: the joint model of a campaign in one call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfit = fit_campaign(curves, pooling=pooling, fit_upto=fit_upto, exclude_below=exclude_below, a_grid=a_grid)
+    fcs = forecast_campaign(
+        cfit,
+        level=level,
+        target=target,
+        margin=margin,
+        eval_prompts=eval_prompts,
+        n_resamples=n_resamples,
+        windows=windows,
+        backtest=backtest,
+    )
+    return cfit, fcs
