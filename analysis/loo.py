@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,12 +12,15 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from analysis import evidence
+from analysis.planner import plan as seed_plan
 from runners.ops import store
 from runners.ops.campaign import fit_settings
 from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
+from scalefit.pooled import fit_campaign
+from scalefit.pooled_forecast import call_difference, forecast_campaign
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *store.COMPUTE_METRICS)
 WALL_CLOCK = "compute/gpu_hours"
@@ -117,11 +121,11 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
     return np.ceil(steps / k) * rollouts
 
 
-def _fit_config(fit: dict[str, Any] | None) -> tuple[dict[str, Any], Any]:
+def _fit_config(fit: dict[str, Any] | None, warn: bool = True) -> tuple[dict[str, Any], Any]:
     """The campaign's fit settings over the defaults (checked as the campaign file's are), and its A grid."""
     cfg = fit_settings(fit)
     a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step")
-    if cfg["x"] == WALL_CLOCK:
+    if warn and cfg["x"] == WALL_CLOCK:
         warnings.warn(
             f"fit.x = {WALL_CLOCK} is wall-clock time: on a shared or loaded machine it measures the load as well "
             "as the recipe (identical learning curves can fit different B); compute/samples or compute/tokens do not",
@@ -147,17 +151,102 @@ def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int,
     )
 
 
-def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000) -> tuple[pd.DataFrame, dict]:
-    """Fit each variant (seeds pooled), forecast it, and compare it with the baseline by the paper's rule.
+MIN_FIT_POINTS = 4  # scalefit fits a sigmoid to at least this many points with compute above zero
 
-    Intervals come from the correlated bootstrap (each seed's evaluations one series, seeds as
-    the unit of run-to-run variation); a variant that is not yet predictable or whose fit sits on
-    a grid edge gets "cannot decide", never a winner.
+
+def fit_share(g: pd.DataFrame, x: str, frac: float = 0.5, exclude_below: float | None = None) -> float | None:
+    """The share of a variant's compute to fit on for an extrapolation check: ``frac`` (the paper's
+    half), or more when that holds fewer than the ``MIN_FIT_POINTS`` a fit needs (seeds pooled, as
+    the fit pools them); None when no share leaves an evaluation after them to predict."""
+    end = float(g[x].max())
+    xs = np.sort(g[x].to_numpy(float))
+    xs = xs[(xs > 0) & (xs >= (exclude_below or 0))]
+    if end <= 0 or len(xs) < MIN_FIT_POINTS or xs[MIN_FIT_POINTS - 1] >= end:
+        return None
+    return max(frac, float(xs[MIN_FIT_POINTS - 1]) / end)
+
+
+@dataclass
+class Model:
+    """A campaign's fits and forecasts at one fraction of each variant's budget, as its ``fit.pooling``
+    says: jointly (``partial``) or one variant at a time (``none``)."""
+
+    fits: dict[str, Any]
+    forecasts: dict[str, Forecast]
+    failed: dict[str, str]  # variant -> why it has no fit
+    description: str
+    budgets: dict[str, float]  # each variant's last compute
+    fit_upto: dict[str, float] = field(default_factory=dict)  # fitted on compute up to this (fraction < 1)
+    no_share: set[str] = field(default_factory=set)  # no share of its compute holds a fit and a point after it
+
+
+def campaign_model(
+    curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000, fraction: float = 1.0
+) -> Model:
+    """Fit every variant on the first ``fraction`` of its compute (1: all of it) and forecast it
+    (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
+    cfg, a_grid = _fit_config(fit)
+    x, y = cfg["x"], MEAN_AT_16
+    groups = dict(tuple(curves.groupby("variant", sort=False)))
+    budgets = {v: float(g[x].max()) for v, g in groups.items()}
+    failed = {v: f"no fit: {why}" for v, g in groups.items() if (why := _spliced(g, x))}
+    upto, no_share = None, set()
+    if fraction < 1:  # the first `fraction`, or the smallest share that holds a fit (fit_share)
+        shares = {v: fit_share(g, x, fraction, cfg["exclude_below"]) for v, g in groups.items()}
+        no_share = {v for v, share in shares.items() if share is None}
+        for v in no_share - set(failed):
+            failed[v] = (
+                f"no check: {int((groups[v][x] > 0).sum())} evaluation(s) with {x} > 0; a fit needs "
+                f"{MIN_FIT_POINTS}, and a later one to predict"
+            )
+        upto = {v: (shares[v] or fraction) * budgets[v] for v in groups}
+    target = budgets if fraction < 1 else None
+    if cfg["pooling"] == "none":
+        fits, fcs = {}, {}
+        for v, g in groups.items():
+            if v in failed:
+                continue
+            try:
+                fits[v], fcs[v] = _forecast_variant(
+                    g, cfg, a_grid, n_boot, fit_upto=upto and upto[v], target=target and target[v]
+                )
+            except FitError as e:
+                failed[v] = f"no fit: {e}"
+        return Model(fits, fcs, failed, "pooling none: each variant fitted on its own", budgets, upto or {}, no_share)
+    data = {v: (g[x].to_numpy(), g[y].to_numpy(), g["seed"].to_numpy()) for v, g in groups.items() if v not in failed}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfit = fit_campaign(data, exclude_below=cfg["exclude_below"], fit_upto=upto, a_grid=a_grid)
+    failed.update({v: f"no fit: {why}" for v, why in cfit.failed.items()})
+    fcs = forecast_campaign(
+        cfit,
+        level=cfg["level"],
+        target=target,
+        margin=cfg["margin"],
+        eval_prompts=cfg["eval_prompts"],
+        n_resamples=n_boot,
+        windows=tuple(sorted({1, cfg["last_k"]})),
+    )
+    order = [v for v in groups if v in cfit.fits]
+    fits = {v: cfit.fits[v] for v in order}
+    return Model(fits, {v: fcs[v] for v in order}, failed, cfit.describe(), budgets, upto or {}, no_share)
+
+
+def fit_table(
+    curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000, half: Model | None = None
+) -> tuple[pd.DataFrame, dict]:
+    """Fit the campaign (jointly unless ``fit.pooling: none``), forecast each variant, and compare it
+    with the baseline by the paper's rule; call each variant against the baseline at the budget from
+    the fit to all of it and from the fit to its first half (``half``, fitted here when not given).
+
+    Intervals come from the seed bootstrap (seeds the unit of run-to-run variation); a variant that
+    is not yet predictable, whose fit sits on a grid edge or that is not a sigmoid gets "cannot
+    decide", never a winner.
     """
     cfg, a_grid = _fit_config(fit)
     x, y = cfg["x"], MEAN_AT_16
-    fits: dict[str, Any] = {}
-    fcs: dict[str, Forecast] = {}
+    model = campaign_model(curves, fit, n_boot)
+    fits, fcs = model.fits, model.forecasts
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
         row: dict[str, Any] = {
@@ -166,21 +255,17 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             "seeds": g["seed"].nunique(),
             "points": len(g),
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
+            f"final_last{cfg['last_k']}_mean_at_16": g.sort_values(x).groupby("seed").tail(cfg["last_k"])[y].mean(),
             "unfinished": _unfinished(g),
+            "fit_model": model.description,
         }
         stops = sorted(set(g["stopped"].fillna(""))) if "stopped" in g else []
         if any(stops):  # an adaptive campaign stopped it: its final value is the decision's prediction
             row["stopped"] = "stopped early " + "; ".join(x for x in stops if x)
-        spliced = _spliced(g, x)
-        if spliced:
-            rows.append({**row, "note": f"no fit: {spliced}"})
+        if variant not in fits:
+            rows.append({**row, "note": model.failed.get(variant, "no fit")})
             continue
-        try:
-            f, fc = _forecast_variant(g, cfg, a_grid, n_boot)
-        except FitError as e:
-            rows.append({**row, "note": f"no fit: {e}"})
-            continue
-        fits[variant], fcs[variant] = f, fc
+        f, fc = fits[variant], fcs[variant]
         lo, hi = fc.interval("A")
         row.update(
             A=f.A,
@@ -192,10 +277,11 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             sse=f.sse,
             a_at_edge=f.a_at_edge,
             b_at_bound=f.b_at_bound,
+            pooled=_pooled_label(f),
             predictable=fc.verdict.predictable,
             predictability=fc.verdict.text(),
             expected_error=fc.expected_error,
-            note="; ".join(f.warnings),
+            note="; ".join(filter(None, [*f.warnings, getattr(f, "pool_note", "")])),
         )
         if g["seed"].nunique() > 1:
             try:
@@ -224,74 +310,119 @@ def fit_table(curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: i
             b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
-    measured = measured_at_budget(curves, x, cfg["margin"])
+    if half is None:
+        half = campaign_model(curves, fit, max(n_boot // 2, 100), fraction=0.5)
+    table = table.merge(_calls(model, half, cfg["margin"]), on="variant", how="left")
+    measured = measured_at_budget(curves, x, cfg["margin"], last_k=cfg["last_k"])
     if len(measured):
         table = table.merge(measured, on="variant", how="left")
-        half = measured_at_budget(curves, x, cfg["margin"], fraction=0.5)  # where efficiency differences show
-        half = half.rename(columns=lambda c: c if c == "variant" else f"half_{c}")
-        table = table.merge(half, on="variant", how="left")
+        half_m = measured_at_budget(curves, x, cfg["margin"], fraction=0.5, last_k=cfg["last_k"])
+        half_m = half_m.rename(columns=lambda c: c if c == "variant" else f"half_{c}")  # where efficiency shows
+        table = table.merge(half_m, on="variant", how="left")
+    table = table.merge(_resolvable(curves, x, cfg), on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
-    return table, {"fits": fits, "forecasts": fcs}
+    return table, {"fits": fits, "forecasts": fcs, "model": model, "half": half}
+
+
+def _pooled_label(f: Any) -> str:
+    """How a variant's B was fitted: pooled with the campaign's, alone (and why), or on its own."""
+    prior = getattr(f, "prior", None)
+    if prior is not None:
+        return f"pooled (campaign B {prior.B:.2f})"
+    note = getattr(f, "pool_note", "")
+    return f"alone: {note}" if note else "alone"
+
+
+def _calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
+    """Each variant against the baseline at the budget both reached (the smaller), from the fit to all
+    of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet."""
+    rows = []
+    for v in model.budgets:
+        if v == "baseline":
+            continue
+        where = min(model.budgets[v], model.budgets.get("baseline", np.inf))
+        row: dict[str, Any] = {"variant": v}
+        for m, key in ((model, "call"), (half, "half_call")):
+            if "baseline" not in m.forecasts or v not in m.forecasts:
+                why = m.failed.get(v if v not in m.forecasts else "baseline", "no fit")
+                row[key], row[f"{key}_text"] = "cannot tell yet", f"cannot tell yet: {why}"
+                continue
+            c = call_difference(m.forecasts[v], m.forecasts["baseline"], where, margin=margin)
+            row[key], row[f"{key}_text"] = c.label, c.text(margin)
+            row[f"{key}_delta"], row[f"{key}_lo"], row[f"{key}_hi"] = c.delta, c.lo, c.hi
+        rows.append(row)
+    return pd.DataFrame(
+        rows, columns=["variant", "call", "call_text", "half_call", "half_call_text"] if not rows else None
+    )
+
+
+def _resolvable(curves: pd.DataFrame, x: str, cfg: dict[str, Any]) -> pd.DataFrame:
+    """The smallest difference each comparison resolves at the budget (80% power; ``analysis.planner``)."""
+    rows = seed_plan(curves, x, cfg["margin"], cfg["last_k"]).rows
+    out = pd.DataFrame(rows, columns=["variant", "resolvable", "resolvable_last_k"] if not rows else None)
+    return out[["variant", "resolvable", "resolvable_last_k"]]
 
 
 def measured_at_budget(
-    curves: pd.DataFrame, x: str, margin: float, level: float = 0.95, fraction: float = 1.0
+    curves: pd.DataFrame, x: str, margin: float, level: float = 0.95, fraction: float = 1.0, last_k: int = 3
 ) -> pd.DataFrame:
     """Each variant against the baseline where both were measured, no extrapolation.
 
     At ``fraction`` of the smaller of the two final computes (1: the budget; 0.5: half of it, where
     a difference in efficiency shows before curves that reach the same plateau meet), each seed's
-    mean@16 (interpolated between its evaluations); the difference of the seed means with a t
-    interval whose seed-to-seed s.d. is pooled over every variant of the campaign at that fraction
-    of its own final compute (df = Σ(seeds − 1)): seeds are the unit of uncertainty, evaluation
-    noise included. The label uses the paper's margin:
+    mean@16 (interpolated between its evaluations), and beside it each seed's mean over its last
+    ``last_k`` evaluations up to there (less noisy than one evaluation); the difference of the seed
+    means with a t interval whose seed-to-seed s.d. is pooled over every variant of the campaign at
+    that fraction of its own final compute (df = Σ(seeds − 1)): seeds are the unit of uncertainty,
+    evaluation noise included. The label uses the paper's margin:
     ``worse`` / ``better`` (the whole interval beyond it), ``within the margin`` (inside it), else
     ``not resolved``. Valid whatever the fits say: it describes the budget that was run.
     """
     from scipy import stats
 
-    def at(g: pd.DataFrame, where: float) -> np.ndarray:
-        return np.array([np.interp(where, gs[x], gs[MEAN_AT_16]) for _, gs in g.sort_values(x).groupby("seed")])
+    def at(g: pd.DataFrame, where: float, k: int) -> np.ndarray:
+        out = []
+        for _, gs in g.sort_values(x).groupby("seed"):
+            if k == 1:
+                out.append(float(np.interp(where, gs[x], gs[MEAN_AT_16])))
+            else:
+                before = gs.loc[gs[x] <= where * (1 + 1e-9), MEAN_AT_16].to_numpy()
+                out.append(float(before[-k:].mean()) if len(before) else np.nan)
+        return np.array(out)
 
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     if "baseline" not in groups:
         return pd.DataFrame(columns=["variant"])
     ends = {v: float(g.groupby("seed")[x].max().min()) for v, g in groups.items()}
-    finals = {v: at(g, fraction * ends[v]) for v, g in groups.items()}
-    df = sum(len(v) - 1 for v in finals.values())
-    sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in finals.values()) / df)) if df else np.nan
-    t = float(stats.t.ppf(0.5 + level / 2, df)) if df else np.nan
-    rows = []
-    for v, g in groups.items():
-        if v == "baseline":
-            continue
-        where = fraction * min(ends[v], ends["baseline"])
-        b, c = at(groups["baseline"], where), at(g, where)
-        delta = float(c.mean() - b.mean())
-        half = t * sd * np.sqrt(1 / len(b) + 1 / len(c)) if df else np.nan
-        lo, hi = delta - half, delta + half
-        if not df:
-            label = "one seed each: no interval"
-        elif hi < -margin:
-            label = "worse"
-        elif lo > margin:
-            label = "better"
-        elif -margin <= lo and hi <= margin:
-            label = f"within the margin ±{margin:g}"
-        else:
-            label = "not resolved"
-        text = f"{label}: Δ {delta:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if df else "")
-        rows.append(
-            {
-                "variant": v,
-                "budget": where,
-                "measured_delta": delta,
-                "measured_lo": lo,
-                "measured_hi": hi,
-                "measured": f"{text} at {where:.3g} {x.split('/')[-1]}",
-            }
-        )
-    return pd.DataFrame(rows)
+    cols: dict[str, dict[str, Any]] = {}
+    for k, prefix in ((1, "measured"), (last_k, f"measured_last{last_k}")):
+        finals = {v: at(g, fraction * ends[v], k) for v, g in groups.items()}
+        df = sum(len(v) - 1 for v in finals.values())
+        sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in finals.values()) / df)) if df else np.nan
+        t = float(stats.t.ppf(0.5 + level / 2, df)) if df else np.nan
+        for v, g in groups.items():
+            if v == "baseline":
+                continue
+            where = fraction * min(ends[v], ends["baseline"])
+            b, c = at(groups["baseline"], where, k), at(g, where, k)
+            delta = float(c.mean() - b.mean())
+            half = t * sd * np.sqrt(1 / len(b) + 1 / len(c)) if df else np.nan
+            lo, hi = delta - half, delta + half
+            if not df:
+                label = "one seed each: no interval"
+            elif hi < -margin:
+                label = "worse"
+            elif lo > margin:
+                label = "better"
+            elif -margin <= lo and hi <= margin:
+                label = f"within the margin ±{margin:g}"
+            else:
+                label = "not resolved"
+            text = f"{label}: Δ {delta:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if df else "")
+            row = cols.setdefault(v, {"variant": v, "budget": where})
+            row.update({f"{prefix}_delta": delta, f"{prefix}_lo": lo, f"{prefix}_hi": hi, f"{prefix}_label": label})
+            row[prefix] = text + (f" at {where:.3g} {x.split('/')[-1]}" if k == 1 else "")
+    return pd.DataFrame(list(cols.values()))
 
 
 def _unfinished(g: pd.DataFrame) -> int:
@@ -381,16 +512,22 @@ def to_markdown(table: pd.DataFrame) -> str:
     def fmt(v: Any, spec: str) -> str:
         return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
-    lines = [
-        "| variant | A [interval] | B | C_mid | final mean@16 | predictable? | verdict vs baseline "
-        "| measured at the budget (95%, seeds) | measured at half the budget |",
-        "|---|---|---|---|---|---|---|---|---|",
+    k = next((int(c[len("final_last") : -len("_mean_at_16")]) for c in table if c.startswith("final_last")), 3)
+    lines = []
+    models = [m for m in table.get("fit_model", pd.Series(dtype=object)).dropna().unique() if m]
+    if models:
+        lines += [f"Fit: {models[0]}.", ""]
+    lines += [
+        "| variant | A [interval] | B | C_mid | final mean@16 (last " + str(k) + ") | predictable? "
+        "| verdict vs baseline | call at half the budget → at the budget | measured at the budget (95%, seeds; "
+        f"last {k}) | measured at half the budget | resolvable Δ (80%; last {k}) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
         a = (
             f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
-            if "A" in r and not pd.isna(r.get("A"))
-            else r.get("note", "")
+            if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
+            else (f"{r['A']:.3f} (no band)" if "A" in r and not pd.isna(r.get("A")) else r.get("note", ""))
         )
         if r.get("a_at_edge") is True:
             a += " (grid edge)"
@@ -402,80 +539,100 @@ def to_markdown(table: pd.DataFrame) -> str:
         if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations
             verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
         final = fmt(r["final_mean_at_16"], ".3f")
+        last = r.get(f"final_last{k}_mean_at_16")
+        if last is not None and not pd.isna(last):
+            final += f" ({last:.3f})"
         if r.get("unfinished", 0) > 0:  # a partial curve: its last value is not the run's final one
             final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
+        calls = ""
+        if _text(r.get("half_call_text")) or _text(r.get("call_text")):
+            calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
+        measured = _text(r.get("measured"))
+        if _text(r.get(f"measured_last{k}")):
+            measured += f" (last {k}: {_text(r.get(f'measured_last{k}'))})"
+        half = _text(r.get("half_measured"))
+        if _text(r.get(f"half_measured_last{k}")):
+            half += f" (last {k}: {_text(r.get(f'half_measured_last{k}'))})"
+        res = ""
+        if not pd.isna(r.get("resolvable", np.nan)):
+            res = f"{r['resolvable']:.3f} ({r['resolvable_last_k']:.3f})"
         lines.append(
-            f"| {r['variant']} | {a} | {b} | {fmt(r.get('C_mid'), '.3g')} | "
-            f"{final} | {pred} | {verdict} | {_text(r.get('measured'))} | "
-            f"{_text(r.get('half_measured'))} |"
+            f"| {r['variant']} | {a} | {b} | {fmt(r.get('C_mid'), '.3g')} | {final} | {pred} | {verdict} | {calls} | "
+            f"{measured} | {half} | {res} |"
         )
     return "\n".join(lines) + "\n"
 
 
-MIN_FIT_POINTS = 4  # scalefit fits a sigmoid to at least this many points with compute above zero
-
-
-def fit_share(g: pd.DataFrame, x: str, frac: float = 0.5, exclude_below: float | None = None) -> float | None:
-    """The share of a variant's compute to fit on for an extrapolation check: ``frac`` (the paper's
-    half), or more when that holds fewer than the ``MIN_FIT_POINTS`` a fit needs (seeds pooled, as
-    the fit pools them); None when no share leaves an evaluation after them to predict."""
-    end = float(g[x].max())
-    xs = np.sort(g[x].to_numpy(float))
-    xs = xs[(xs > 0) & (xs >= (exclude_below or 0))]
-    if end <= 0 or len(xs) < MIN_FIT_POINTS or xs[MIN_FIT_POINTS - 1] >= end:
-        return None
-    return max(frac, float(xs[MIN_FIT_POINTS - 1]) / end)
-
-
 def extrapolation_check(
-    curves: pd.DataFrame, fit: dict[str, Any] | None = None, frac: float = 0.5, n_boot: int = 400
+    curves: pd.DataFrame,
+    fit: dict[str, Any] | None = None,
+    frac: float = 0.5,
+    n_boot: int = 400,
+    model: Model | None = None,
 ) -> pd.DataFrame:
-    """Fit each variant on its first ``frac`` of compute and predict its final value (seeds pooled);
-    a variant whose first ``frac`` holds too few evaluations to fit is fitted on the smallest share
+    """Fit the campaign on each variant's first ``frac`` of compute (jointly unless ``fit.pooling:
+    none``) and predict each variant's final value (``model``: that fit, when already made). A
+    variant whose first ``frac`` holds too few evaluations to fit is fitted on the smallest share
     that holds enough (``fit_share``, in the row).
 
-    The observed final value is the mean over seeds of each seed's last evaluation; the error is
-    predicted - observed; the prediction band is for that mean of the seeds' evaluations, at the
-    campaign's level, with the forecast's verdict and expected error. This is the paper's claim
-    put to the test: a curve fitted early predicts late.
+    Two targets, side by side: the mean over seeds of each seed's last evaluation, and of each
+    seed's mean over its last ``fit.last_k`` evaluations (less noisy). For each: the prediction,
+    the error (predicted - observed), the band for that mean of the variant's seeds at the
+    campaign's level, whether the observation landed in it and the standardised error (z); then
+    the forecast's verdict and expected error. A variant that is not a sigmoid has no band. This
+    is the paper's claim put to the test: a curve fitted early predicts late.
     """
-    cfg, a_grid = _fit_config(fit)
-    x, y = cfg["x"], MEAN_AT_16
+    cfg, _ = _fit_config(fit)
+    x, y, k = cfg["x"], MEAN_AT_16, cfg["last_k"]
+    model = model or campaign_model(curves, fit, n_boot, fraction=frac)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
         by_seed = g.sort_values(x).groupby("seed")
         last = by_seed.last()
+        tail = by_seed.tail(k)
         x_end, observed = float(last[x].mean()), float(last[y].mean())
-        share = fit_share(g, x, frac, cfg["exclude_below"])
-        row = {"variant": variant, "fit_share": share, "x_final": x_end, "observed": observed}
-        row["fit_upto"] = (share or frac) * float(g[x].max())
-        row["observed_last3"] = float(by_seed.tail(3)[y].mean())  # less sensitive to one noisy evaluation
-        if share is None:
-            row["note"] = (
-                f"no check: {int((g[x] > 0).sum())} evaluation(s) with {x} > 0; a fit needs {MIN_FIT_POINTS}, and a"
-                " later one to predict"
-            )
+        x_tail = np.unique(tail[x].to_numpy())
+        upto = model.fit_upto.get(variant, frac * float(g[x].max()))
+        share = upto / float(g[x].max()) if variant not in model.no_share else None
+        row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": x_end, "observed": observed}
+        row[f"observed_last{k}"] = float(tail[y].mean())  # less sensitive to one noisy evaluation
+        row["last_k"] = k
+        if variant not in model.fits:
+            row["note"] = model.failed.get(variant, "no fit")
             rows.append(row)
             continue
-        try:
-            f, fc = _forecast_variant(g, cfg, a_grid, n_boot, fit_upto=row["fit_upto"], target=x_end)
-            pred = float(f.predict(np.array([x_end]))[0])
-            lo, hi = (float(b[0]) for b in fc.prediction_band([x_end], n_runs=len(last)))
-            row.update(
-                A_half=f.A,
-                predicted=pred,
-                error=pred - observed,
-                error_last3=pred - row["observed_last3"],
-                band_lo=lo,
-                band_hi=hi,
-                in_band=lo <= observed <= hi,
-                level=cfg["level"],
-                verdict=fc.verdict.label,
-                reasons="; ".join(fc.verdict.reasons),
-                expected_error=fc.expected_error,
-            )
-        except FitError as e:
-            row["note"] = f"no fit: {e}"
+        f, fc = model.fits[variant], model.forecasts[variant]
+        seeds = len(last)
+        pred = float(f.predict(np.array([x_end]))[0])
+        pred_k = float(f.predict(x_tail).mean())
+        row.update(A_half=f.A, predicted=pred, error=pred - observed)
+        row[f"predicted_last{k}"] = pred_k
+        row[f"error_last{k}"] = pred_k - row[f"observed_last{k}"]
+        if hasattr(fc, "target_band"):  # the joint model: bands for a k-seed mean of one or the last k evaluations
+            lo, hi = fc.target_band([x_end], seeds)
+            lo_k, hi_k = fc.target_band(x_tail, seeds)
+            sd = np.nan if fc.no_band else fc.expected_error_at([x_end], seeds)
+            sd_k = np.nan if fc.no_band else fc.expected_error_at(x_tail, seeds)
+        else:
+            lo, hi = (float(b[0]) for b in fc.prediction_band([x_end], n_runs=seeds))
+            lo_k, hi_k, sd, sd_k = np.nan, np.nan, np.nan, np.nan
+        row.update(band_lo=lo, band_hi=hi, in_band=bool(lo <= observed <= hi), z=(pred - observed) / sd)
+        row.update(
+            {
+                f"band_last{k}_lo": lo_k,
+                f"band_last{k}_hi": hi_k,
+                f"in_band_last{k}": bool(lo_k <= row[f"observed_last{k}"] <= hi_k),
+                f"z_last{k}": row[f"error_last{k}"] / sd_k,
+                f"expected_error_last{k}": sd_k,
+            }
+        )
+        row.update(
+            level=cfg["level"],
+            verdict=fc.verdict.label,
+            reasons="; ".join(fc.verdict.reasons),
+            expected_error=fc.expected_error,
+            fit_model=model.description,
+        )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -553,11 +710,12 @@ def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None
     """From curves (as ``load_curves`` or a published ``curves.csv`` holds them): the LOO table
     (CSV + Markdown), the plot with both bands, and the extrapolation check, under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    table, extra = fit_table(curves, fit)
+    half = campaign_model(curves, fit, 400, fraction=0.5)
+    table, extra = fit_table(curves, fit, half=half)
     table.to_csv(out / "loo_table.csv", index=False)
     (out / "loo_table.md").write_text(to_markdown(table))
     plot_campaign(curves, extra, out / "loo_curves.png", fit, title)
-    extrapolation_check(curves, fit).to_csv(out / "extrapolation.csv", index=False)
+    extrapolation_check(curves, fit, model=half).to_csv(out / "extrapolation.csv", index=False)
     return table
 
 

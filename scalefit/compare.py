@@ -40,7 +40,10 @@ class Comparison:
 def _unfit_reasons(name: str, f: SigmoidFit, fc: Forecast | None) -> list[str]:
     said = f.not_identified
     out = [f"{name}'s {reason}" for reason in said]
-    if fc is not None and fc.verdict is not None and not fc.verdict.predictable:
+    # a joint-model verdict whose only doubt is the spread of a few seeds' mean (band_only) leaves the
+    # comparison to the paired interval of ΔA below; any other doubt about the fit stops it
+    doubt = fc is not None and fc.verdict is not None and not fc.verdict.predictable
+    if doubt and not getattr(fc.verdict, "band_only", False):
         rest = [r for r in fc.verdict.reasons if r not in said]  # the forecast repeats what is said above
         if rest or not out:
             out.append(f"{name} is not yet predictable" + (f" ({'; '.join(rest)})" if rest else ""))

@@ -115,20 +115,20 @@ def log_marginal(loglik: np.ndarray, grid: np.ndarray, mu: np.ndarray, tau: floa
     return np.log(np.maximum(m, 1e-300)) + top
 
 
-def estimate_hyper(loglik: np.ndarray, grid: np.ndarray) -> tuple[float, float]:
+def estimate_hyper(loglik: np.ndarray, grid: np.ndarray) -> tuple[float, float, np.ndarray]:
     """mu and tau of log B ~ N(mu, tau^2) from the variants' log-likelihoods on ``grid``: the mode
-    of the integrated likelihood times p(tau) ∝ tau (flat in mu)."""
+    of the integrated likelihood times p(tau) ∝ tau (flat in mu). Also the log posterior of tau over
+    ``TAU_GRID`` (mu profiled out), from which the bootstrap draws tau."""
     mus = grid[:: max(1, len(grid) // 240)]
-    best, out = -np.inf, (float(grid[len(grid) // 2]), float(TAU_GRID[-1]))
-    for tau in TAU_GRID:
+    logpost = np.empty(len(TAU_GRID))
+    best_mu = np.empty(len(TAU_GRID))
+    for j, tau in enumerate(TAU_GRID):
         total = log_marginal(loglik, grid, mus, tau).sum(axis=0) + np.log(tau)
         i = int(np.argmax(total))
-        if total[i] > best:
-            best, out = float(total[i]), (float(mus[i]), float(tau))
-    mu, tau = out
-    # refine mu on the full grid at that tau
-    total = log_marginal(loglik, grid, grid, tau).sum(axis=0)
-    return float(grid[int(np.argmax(total))]), tau
+        logpost[j], best_mu[j] = total[i], mus[i]
+    tau = float(TAU_GRID[int(np.argmax(logpost))])
+    total = log_marginal(loglik, grid, grid, tau).sum(axis=0)  # mu on the full grid at that tau
+    return float(grid[int(np.argmax(total))]), tau, logpost
 
 
 def _likelihood_sd(loglik: np.ndarray, grid: np.ndarray) -> float:
@@ -259,6 +259,7 @@ class CampaignFit:
     pooling: str
     mu: float | None = None  # log B's campaign mean and spread (None: not pooled)
     tau: float | None = None
+    tau_logpost: np.ndarray | None = field(default=None, repr=False)  # over TAU_GRID: the bootstrap draws tau
     r0_shared: bool = False
     r0: float | None = None
     loglik: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # pooled variants, on fine_grid(LOGB_GRID)
@@ -388,9 +389,9 @@ def fit_campaign(
         loglik[v] = _interp_rows(LOGB_GRID, -(prof[0] - prof[0].min()) / (2 * temps[v]), grid)
     members = list(fits)
     notes: dict[str, str] = {}
-    mu = tau = None
+    mu = tau = tau_logpost = None
     while len(members) >= 2:
-        mu, tau = estimate_hyper(np.array([loglik[v] for v in members]), grid)
+        mu, tau, tau_logpost = estimate_hyper(np.array([loglik[v] for v in members]), grid)
         z = {}
         for v in members:
             own = grid[int(np.argmax(loglik[v]))]
@@ -402,9 +403,9 @@ def fit_campaign(
         members.remove(worst)
         notes[worst] = f"B {own_b:.3g} is incompatible with the campaign's (z = {z[worst]:+.1f}): fitted alone"
     if len(members) < 2:
-        mu = tau = None
+        mu = tau = tau_logpost = None
         members = []
-    out.mu, out.tau = mu, tau
+    out.mu, out.tau, out.tau_logpost = mu, tau, tau_logpost
     for v, f in fits.items():
         if v in members:
             prior = Prior(mu, tau, temps[v])

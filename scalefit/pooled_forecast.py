@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import nnls
+from scipy.stats import norm
 
 from scalefit.curve import sigmoid_residuals
 from scalefit.errors import FitError
@@ -57,6 +58,7 @@ from scalefit.forecast import (
 from scalefit.lm import batched_lm
 from scalefit.pooled import (
     LOGB_GRID,
+    TAU_GRID,
     CampaignFit,
     _interp_rows,
     _normal_kernel,
@@ -226,12 +228,18 @@ def _profile_resamples(
     return sse.reshape(R, nb), th[:, 0].reshape(R, nb), th[:, 1].reshape(R, nb)
 
 
-def _resample_grid(cfit: CampaignFit) -> np.ndarray:
-    """log B values covering every pooled variant's posterior and the campaign's prior."""
+def _tau_draws(cfit: CampaignFit, rng: np.random.Generator, n: int) -> np.ndarray:
+    """tau for each resample, from its posterior (the campaign's spread of log B is itself uncertain)."""
+    w = np.exp(cfit.tau_logpost - cfit.tau_logpost.max())
+    return rng.choice(TAU_GRID, size=n, p=w / w.sum())
+
+
+def _resample_grid(cfit: CampaignFit, tau_hi: float) -> np.ndarray:
+    """log B values covering every pooled variant's posterior and the campaign's prior (up to ``tau_hi``)."""
     grid = fine_grid(LOGB_GRID)
-    lo, hi = cfit.mu - 5 * cfit.tau, cfit.mu + 5 * cfit.tau
+    lo, hi = cfit.mu - 5 * tau_hi, cfit.mu + 5 * tau_hi
     for v in cfit.pooled:
-        post = cfit.loglik[v] - 0.5 * ((grid - cfit.mu) / cfit.tau) ** 2
+        post = cfit.loglik[v] - 0.5 * ((grid - cfit.mu) / tau_hi) ** 2
         inside = grid[post >= post.max() - 12.0]
         lo, hi = min(lo, inside.min()), max(hi, inside.max())
     span = max(hi - lo, 0.2)
@@ -278,7 +286,8 @@ def campaign_bootstrap(
     out: dict[str, np.ndarray] = {}
     pooled = [v for v in names if v in cfit.pooled]
     if pooled:
-        grid = _resample_grid(cfit)
+        taus = _tau_draws(cfit, rng, n_resamples)
+        grid = _resample_grid(cfit, float(np.quantile(taus, 0.975)))
         fine = fine_grid(grid)
         ll, args = {}, {}
         for v in pooled:
@@ -292,11 +301,13 @@ def campaign_bootstrap(
             args[v] = (a, lcm)
         L = np.stack([ll[v] for v in pooled], axis=1)  # (R, V, nf)
         top = L.max(axis=-1, keepdims=True)
-        kern = _normal_kernel(fine, fine, cfit.tau)
-        marg = np.log(np.maximum(np.exp(L - top) @ kern.T, 1e-300)) + top  # (R, V, n_mu)
-        mu = fine[np.argmax(marg.sum(axis=1), axis=1)]  # (R,)
+        mu = np.empty(n_resamples)
+        for tau in np.unique(taus):  # mu re-estimated in every resample, at that resample's tau
+            rows = taus == tau
+            marg = np.log(np.maximum(np.exp(L[rows] - top[rows]) @ _normal_kernel(fine, fine, tau).T, 1e-300))
+            mu[rows] = fine[np.argmax((marg + top[rows]).sum(axis=1), axis=1)]
         for j, v in enumerate(pooled):
-            post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / cfit.tau) ** 2
+            post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / taus[:, None]) ** 2
             b = fine[np.argmax(post, axis=1)]
             a, lcm = args[v]
             A = np.array([np.interp(b[i], grid, a[i]) for i in range(n_resamples)])
@@ -471,10 +482,15 @@ def _noise_vars(
     return out
 
 
-def _verdict(fc: PooledForecast, margin: float) -> Verdict:
+@dataclass
+class PooledVerdict(Verdict):
+    band_only: bool = False  # a sigmoid, identified, past its knee: only the k-seed band is wider than the margin
+
+
+def _verdict(fc: PooledForecast, margin: float) -> PooledVerdict:
     f = fc.fit
     if fc.no_band:
-        return Verdict(False, ["not a sigmoid, no band: " + "; ".join(fc.no_band)])
+        return PooledVerdict(False, ["not a sigmoid, no band: " + "; ".join(fc.no_band)])
     reasons, more = [], []
     c_fit = float(f.compute.max())
     share = _knee_share(f, c_fit)
@@ -486,15 +502,19 @@ def _verdict(fc: PooledForecast, margin: float) -> Verdict:
     d = fc.target_draws([fc.target], fc.n_seeds)
     point = float(fc.point([fc.target])[0])
     p_within = float(np.mean(np.abs(d - point) <= margin))
-    error_only = False
+    band_only = False
     if p_within < fc.level:
         half = float(np.percentile(np.abs(d - point), 100 * fc.level))
-        reasons.append(
+        z = float(norm.ppf(0.5 + fc.level / 2))
+        seeds_alone = z * fc.calibration * float(fc._sd(1, [fc.target], fc.n_seeds)[0])
+        text = (
             f"a {fc.n_seeds}-seed mean at {fc.ratio:.2g}x lands within ±{margin:g} with probability {p_within:.2f} "
-            f"< {fc.level:g} (its {fc.level:.0%} band is ±{half:.3f})"
+            f"< {fc.level:g} (its {fc.level:.0%} band is ±{half:.3f}, ±{seeds_alone:.3f} of it the seeds' own noise"
         )
-        error_only = identified
-    return Verdict(not reasons, reasons, max(more) if more else None, error_only)
+        text += ": more seeds, not more compute)" if seeds_alone > margin else ")"
+        reasons.append(text)
+        band_only = identified
+    return PooledVerdict(not reasons, reasons, max(more) if more else None, band_only, band_only)
 
 
 def _build_forecasts(

@@ -45,7 +45,7 @@ def test_loo_table_verdicts_follow_the_papers_rule():
     # the B values it quotes come from the refit at a shared A, not the table's B column: it says so
     assert same.startswith("no measurable difference") and "refitted at shared A = 0.61" in same
     md = to_markdown(table)
-    assert md.count("\n") == 2 + 3 and "| loss=worse |" in md
+    assert md.count("\n") == 2 + 2 + 3 and "| loss=worse |" in md and md.startswith("Fit: pooling partial")
 
 
 def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
