@@ -200,6 +200,7 @@ class Backtest:
     observed: float
     sd: float  # the prefix model's prediction sd at the target
     ratio: float = DEFAULT_RATIO  # the question's extrapolation ratio
+    n_runs: int = 1  # the observation is the mean of this many runs' evaluations (its noise is sigma^2 / k)
 
     @property
     def error(self) -> float:
@@ -339,12 +340,14 @@ class Forecast:
     @property
     def expected_error(self) -> float | None:
         """Expected error of the predicted mean curve at this extrapolation ratio: the backtests'
-        RMS error carried to the ratio, less the noise of the one evaluation each was scored on
-        (None without backtests)."""
+        RMS error carried to the ratio, less the noise of what each was scored on (the mean of k
+        runs' evaluations: sigma^2 / k) (None without backtests)."""
         if not self.backtests:
             return None
-        noise2 = self.noise.sigma**2
-        return float(np.sqrt(np.mean([max(b.error**2 - noise2, 0.0) * b.reach_factor**2 for b in self.backtests])))
+        s2 = self.noise.sigma**2
+        return float(
+            np.sqrt(np.mean([max(b.error**2 - s2 / b.n_runs, 0.0) * b.reach_factor**2 for b in self.backtests]))
+        )
 
     def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
         """Point prediction and both bands at each compute value (with the observation, if given)."""
@@ -515,7 +518,8 @@ def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_s
     feasible = feasible[-MAX_BACKTESTS:]
     out = []
     for o, t in feasible:
-        observed = float(v_fit[c_fit == t].mean())
+        at_t = v_fit[c_fit == t]  # one evaluation per run there: their mean has sigma^2 / k
+        observed = float(at_t.mean())
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -531,8 +535,8 @@ def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_s
             )
         except FitError:
             continue
-        draws = fc.prediction_draws([t])[:, 0]
-        out.append(Backtest(o, t, float(fc.point([t])[0]), observed, float(np.std(draws)), ratio))
+        draws = fc.prediction_draws([t], n_runs=len(at_t))[:, 0]
+        out.append(Backtest(o, t, float(fc.point([t])[0]), observed, float(np.std(draws)), ratio, len(at_t)))
     return out
 
 

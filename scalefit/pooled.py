@@ -35,7 +35,9 @@ from scipy.special import expit
 from scalefit.curve import sigmoid_residuals
 from scalefit.errors import FitError
 from scalefit.fit import B_BOUNDS, SigmoidFit, _chunks, _edge_warnings, b_on_bound, fit_sigmoid
+from scalefit.forecast import _series, noise_model
 from scalefit.lm import batched_lm
+from scalefit.seeds import DeviationPool, deviation_pool
 
 POOLING = ("partial", "none")
 R0_TOLERANCE = 0.01  # zero-compute evaluations this close: one base model, one R0
@@ -44,6 +46,8 @@ FINE = 4  # the likelihoods are interpolated onto a grid this much finer for the
 TAU_GRID = np.geomspace(0.003, 3.0, 61)
 PHI_CAP = 0.8  # caps the AR(1) information loss at (1 + 0.8) / (1 - 0.8) = 9x
 OUTLIER_Z = 3.5
+CALIBRATION_RESAMPLES = 100
+TEMPERATURE_RANGE = 30.0  # the seed bootstrap moves a variant's likelihood temperature at most this much
 N_CMID_START = 100
 
 
@@ -160,7 +164,11 @@ class PooledFit(SigmoidFit):
 
     prior: Prior | None = None
     unpooled: SigmoidFit | None = field(default=None, repr=False)
-    pool_note: str = ""
+    pool_note: str = ""  # why it was fitted alone (its shape is unlike the campaign's)
+
+    @property
+    def outlier(self) -> bool:
+        return bool(self.pool_note)
 
     def refit(self, **overrides: Any) -> SigmoidFit:
         base = self.unpooled.refit(**overrides)
@@ -188,13 +196,33 @@ def _ranges(fit: SigmoidFit) -> tuple[tuple[float, float], tuple[float, float]]:
 
 
 def temperature(fit: SigmoidFit) -> float:
-    """Variance per point that turns a variant's SSE into its log-likelihood: the residual variance
-    times (1 + phi) / (1 - phi), phi the residuals' lag-1 correlation within runs (capped)."""
-    from scalefit.forecast import noise_model
+    """Variance per point that turns a variant's SSE into its log-likelihood, first guess: the
+    residual variance times (1 + phi) / (1 - phi), phi the residuals' lag-1 correlation within runs
+    (capped); ``fit_campaign`` then matches the likelihood's width to the seed bootstrap's."""
 
     noise = noise_model(fit)
     phi = min(noise.phi, PHI_CAP)
     return max(noise.sigma**2, 1e-10) * (1.0 + phi) / (1.0 - phi)
+
+
+def _bootstrap_logb_sd(fit: SigmoidFit, pool: DeviationPool, rng: np.random.Generator, n: int) -> float:
+    """Robust sd (IQR / 1.349) of log B over refits of this variant alone to ``n`` seed-bootstrap
+    resamples around its fitted curve: how much its own points say about B."""
+    c_all, _ = fit.inputs
+    c_fit = float(fit.compute.max())
+    y = np.tile(fit.predict(c_all), (n, 1))
+    for idx in _series(fit):
+        y[:, idx] += pool.draw(rng, c_all[idx] / c_fit, n)
+    Y, log_x = y[:, fit.used], np.log(fit.compute)[None, :]
+
+    def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return sigmoid_residuals(theta, log_x, Y[rows], fit.R0)
+
+    (a_lo, a_hi), (c_lo, c_hi) = _ranges(fit)
+    lower, upper = np.array([a_lo, B_BOUNDS[0], np.log(c_lo)]), np.array([a_hi, B_BOUNDS[1], np.log(c_hi)])
+    theta, _ = batched_lm(residuals, np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n, 1)), lower, upper, iters=100)
+    q75, q25 = np.percentile(np.log(theta[:, 1]), [75, 25])
+    return float((q75 - q25) / 1.349)
 
 
 def _nearest(grid: np.ndarray, x: float) -> float:
@@ -380,6 +408,8 @@ def fit_campaign(
         return out
     grid = fine_grid(LOGB_GRID)
     loglik, temps = {}, {}
+    pool = deviation_pool(fits) if fits else None
+    rng = np.random.default_rng(0)
     for v, f in fits.items():
         log_c, y = _fit_points(f)
         a_range, c_range = _ranges(f)
@@ -387,6 +417,11 @@ def fit_campaign(
         out.profiles[v] = prof
         temps[v] = temperature(f)
         loglik[v] = _interp_rows(LOGB_GRID, -(prof[0] - prof[0].min()) / (2 * temps[v]), grid)
+        # the likelihood is as wide as the seeds make B: its temperature matched to the seed bootstrap
+        ratio = (_bootstrap_logb_sd(f, pool, rng, CALIBRATION_RESAMPLES) / _likelihood_sd(loglik[v], grid)) ** 2
+        ratio = float(np.clip(ratio, 1.0 / TEMPERATURE_RANGE, TEMPERATURE_RANGE))
+        temps[v] *= ratio
+        loglik[v] = loglik[v] / ratio
     members = list(fits)
     notes: dict[str, str] = {}
     mu = tau = tau_logpost = None
@@ -401,7 +436,9 @@ def fit_campaign(
             break
         own_b = float(np.exp(grid[int(np.argmax(loglik[worst]))]))
         members.remove(worst)
-        notes[worst] = f"B {own_b:.3g} is incompatible with the campaign's (z = {z[worst]:+.1f}): fitted alone"
+        notes[worst] = (
+            f"its B {own_b:.3g} is unlike the campaign's {np.exp(mu):.3g} (z = {z[worst]:+.1f}): fitted alone"
+        )
     if len(members) < 2:
         mu = tau = tau_logpost = None
         members = []

@@ -103,3 +103,19 @@ def realistic_runs(
         value = rng.binomial(16, np.clip(per_prompt, 0, 1)).mean(axis=1) / 16.0
         frames.append(pd.DataFrame({"seed": s, "compute": compute, "value": value, "truth": truth}))
     return pd.concat(frames, ignore_index=True)
+
+
+def campaign_runs(
+    variants: dict[str, tuple[float, float, float]], *, seeds: int = 2, seed: int = 0, **kwargs
+) -> pd.DataFrame:
+    """A campaign's runs: ``realistic_runs`` of each variant (name -> (C_mid, B, A)), every variant
+    from one base model (R0 shared), as a long table (variant, seed, compute, value, truth)."""
+    frames = []
+    for i, (name, (cm, b, a)) in enumerate(variants.items()):
+        df = realistic_runs(cm, b, a, seeds=seeds, seed=seed * 1000 + i, **kwargs)
+        df.insert(0, "variant", name)
+        frames.append(df)
+    out = pd.concat(frames, ignore_index=True)
+    base = out["compute"] == 0
+    out.loc[base, "value"] = out.loc[base, "value"].mean()  # one base model, one evaluation of it
+    return out
