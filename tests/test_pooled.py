@@ -1,0 +1,161 @@
+"""The joint campaign fit, its forecast and the seed planner, on synthetic campaigns with known truth."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.planner import plan, resolvable, seeds_per_arm
+from runners.ops.campaign import CampaignError, fit_settings
+from runners.ops.store import MEAN_AT_16
+from scalefit import fit_sigmoid, forecast
+from scalefit.curve import sigmoid
+from scalefit.forecast import Backtest
+from scalefit.pooled import fit_campaign
+from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.synthetic import campaign_runs
+
+A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
+
+
+def _curves(df: pd.DataFrame) -> dict:
+    return {v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")}
+
+
+def _fit(df: pd.DataFrame, **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fit_campaign(_curves(df), a_grid=A_GRID, **kw)
+
+
+def test_pooling_recovers_a_shared_B_that_each_curve_alone_cannot_pin():
+    rng = np.random.default_rng(3)
+    truth = {f"v{i}": (3000 * rng.uniform(0.7, 1.5), 1.9, rng.uniform(0.55, 0.75)) for i in range(8)}
+    df = campaign_runs(truth, seeds=2, c_max=7000, n_points=21, drift_sd=0.01, seed_sd=0.01, seed=3)
+    pooled, alone = _fit(df), _fit(df, pooling="none")
+    err_pooled = np.array([np.log(pooled.fits[v].B / 1.9) for v in truth])
+    err_alone = np.array([np.log(alone.fits[v].B / 1.9) for v in truth])
+    assert pooled.mu is not None and abs(pooled.mu - np.log(1.9)) < 0.1  # the campaign's B within 10%
+    assert np.sqrt(np.mean(err_pooled**2)) < np.sqrt(np.mean(err_alone**2))
+    assert np.std(err_pooled) < 0.5 * np.std(err_alone)  # alone, drift moves each B; pooled, they agree
+    assert pooled.r0_shared and set(pooled.pooled) == set(truth)
+    assert "B pooled over 8 variants" in pooled.describe() and "R0" in pooled.describe()
+    assert alone.describe().startswith("pooling none")
+
+
+def test_variants_whose_B_truly_differs_keep_their_own():
+    truth = {"slow": (3000, 1.0, 0.65), "mid": (3000, 1.7, 0.6), "fast": (3000, 3.0, 0.65)}
+    df = campaign_runs(truth, seeds=2, c_max=30_000, n_points=41, drift_sd=0.005, seed_sd=0.005, seed=1)
+    pooled = _fit(df)
+    for v, (_, b, _) in truth.items():
+        assert abs(pooled.fits[v].B / b - 1) < 0.1, (v, pooled.fits[v].B)
+    assert pooled.tau > 0.3  # the data say the variants differ: little shrinkage
+
+
+def _collapse(df: pd.DataFrame, name: str, peak: float, drop_per_unit: float) -> pd.DataFrame:
+    """A variant that rises like the others, then falls after ``peak`` compute."""
+    g = df[df["variant"] == "v0"].copy()
+    g["variant"] = name
+    g["value"] -= drop_per_unit * np.clip(g["compute"] - peak, 0, None)
+    return pd.concat([df, g], ignore_index=True)
+
+
+def test_a_rise_and_collapse_gets_no_band_and_the_verdict_says_why():
+    truth = {"v0": (3000, 1.9, 0.65), "v1": (3500, 1.9, 0.62), "v2": (2500, 1.9, 0.68)}
+    df = campaign_runs(truth, seeds=2, c_max=12_000, n_points=25, drift_sd=0.004, seed_sd=0.004, seed=2)
+    df = _collapse(df, "collapse", peak=6000, drop_per_unit=0.15 / 6000)
+    cfit = _fit(df)
+    fcs = forecast_campaign(cfit, n_resamples=100, backtest=False)
+    fc = fcs["collapse"]
+    assert fc.no_band and not fc.verdict.predictable
+    assert "not a sigmoid, no band" in fc.verdict.text() and "rises then falls" in fc.verdict.text()
+    lo, hi = fc.prediction_band([20_000])
+    assert np.isnan(lo).all() and np.isnan(hi).all() and np.isnan(fc.interval("A")).all()
+    assert fc.expected_error is None
+    assert call_difference(fc, fcs["v0"], 12_000).label == "cannot tell yet"
+    assert not fcs["v0"].no_band  # the sigmoids beside it keep their bands
+    assert np.isfinite(fcs["v0"].prediction_band([20_000])[0]).all()
+
+
+def test_a_step_with_B_on_its_bound_gets_no_band():
+    truth = {"v0": (3000, 1.9, 0.65), "v1": (3500, 1.9, 0.62), "v2": (2500, 1.9, 0.68)}
+    df = campaign_runs(truth, seeds=2, c_max=12_000, n_points=25, drift_sd=0.004, seed_sd=0.004, seed=4)
+    step = df[df["variant"] == "v0"].copy()
+    step["variant"] = "step"
+    step["value"] = np.where(step["compute"] >= 5000, 0.7, 0.3) + np.random.default_rng(0).normal(0, 0.003, len(step))
+    step.loc[step["compute"] == 0, "value"] = df.loc[df["compute"] == 0, "value"].iloc[0]
+    fcs = forecast_campaign(_fit(pd.concat([df, step])), n_resamples=100, backtest=False)
+    text = fcs["step"].verdict.text()
+    assert fcs["step"].no_band and "on a bound of its range" in text, text
+
+
+def test_old_backtests_are_scored_against_the_noise_of_a_k_run_mean():
+    cm, b, a = 2542, 1.92, 0.61
+    c = np.tile(np.linspace(0, cm * 8, 41), 3)
+    runs = np.repeat([0, 1, 2], 41)
+    v = sigmoid(c, a, b, cm, 0.3) + np.random.default_rng(0).normal(0, 0.01, len(c))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fc = forecast(fit_sigmoid(c, v, runs=runs, a_grid=A_GRID), n_resamples=100, backtest=False)
+    s = fc.noise.sigma
+    # each backtest missed by one run's sigma, on the mean of three runs (whose noise is sigma / sqrt 3)
+    fc.backtests = [Backtest(o, 2 * o, 0.5 + s, 0.5, s, 2.0, n_runs=3) for o in (1000.0, 2000.0, 4000.0)]
+    assert fc.expected_error == pytest.approx(s * np.sqrt(1 - 1 / 3), rel=1e-6)  # one run's sigma^2 gave 0
+
+
+def test_a_k_seed_band_carries_sigma_squared_over_k():
+    truth = {"v0": (3000, 1.9, 0.65), "v1": (3500, 1.9, 0.62), "v2": (2500, 1.9, 0.68)}
+    df = campaign_runs(truth, seeds=3, c_max=12_000, n_points=25, drift_sd=0.01, seed_sd=0.01, seed=5)
+    fc = forecast_campaign(_fit(df), n_resamples=400, backtest=False)["v0"]
+    t = [24_000.0]
+    a, b = fc.noise_var[1]
+    per_run = a + b * 2.0  # the run's variance line at twice the fitted range
+    v1, v4 = np.var(fc.target_draws(t, 1)), np.var(fc.target_draws(t, 4))
+    assert per_run > 0 and v1 - v4 == pytest.approx(fc.calibration**2 * per_run * (1 - 1 / 4), rel=0.25)
+    assert fc.expected_error_at(t, 4) < fc.expected_error_at(t, 1)
+
+
+def _planner_campaign(seed_sd: float, seeds: int = 4, variants: int = 8) -> pd.DataFrame:
+    truth = {f"v{i}": (3000, 1.9, 0.6 + 0.01 * i) for i in range(variants)}
+    truth["baseline"] = (3000, 1.9, 0.6)
+    df = campaign_runs(truth, seeds=seeds, c_max=12_000, n_points=21, n_prompts=20_000, drift_sd=0.0, seed_sd=seed_sd)
+    df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
+    return df.rename(columns={"compute": "x", "value": MEAN_AT_16})
+
+
+def test_the_planner_recovers_a_known_seed_spread_and_its_numbers_follow():
+    df = _planner_campaign(seed_sd=0.02)
+    p = plan(df, "x", margin=0.02, last_k=3)
+    s = p.spread[1.0]
+    assert s.dof == 9 * 3
+    lo, hi = s.ci("final")
+    assert lo < 0.02 < hi and 0.014 < s.sd_final < 0.027
+    assert s.sd_last_k == pytest.approx(s.sd_final, rel=0.15)  # a constant offset does not average out
+    assert p.noise["white"] < 0.005  # 20,000 prompts: almost no evaluation noise
+    assert resolvable(0.02, 2, 3) == pytest.approx(2.8016 * 0.02 * np.sqrt(1 / 2 + 1 / 3), rel=1e-3)
+    assert seeds_per_arm(0.02, 0.02) == 16 and seeds_per_arm(0.019, 0.02) == 15
+    row = next(r for r in p.rows if r["variant"] == "v1")
+    assert row["resolvable"] == pytest.approx(resolvable(s.sd_final, 4, 4))
+    assert "seeds per arm for a ±0.02 difference" in p.text()
+
+
+def test_plan_command_reads_a_published_curves_csv_and_refuses_a_bad_margin():
+    cmd = [sys.executable, "-m", "analysis", "plan", "loo-gpu4", "--curves", "results/loo-gpu4/curves.csv"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "seed spread at the budget: sd 0.0135" in out.stdout and "seeds per arm" in out.stdout
+    bad = subprocess.run([*cmd, "--margin", "2"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--margin" in bad.stderr
+
+
+def test_pooling_and_last_k_settings_are_checked():
+    assert fit_settings(None)["pooling"] == "partial" and fit_settings(None)["last_k"] == 3
+    with pytest.raises(CampaignError, match="fit.pooling = 'full'.*partial.*none"):
+        fit_settings({"pooling": "full"})
+    with pytest.raises(CampaignError, match="fit.last_k = 0"):
+        fit_settings({"last_k": 0})
