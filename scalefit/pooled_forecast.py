@@ -258,15 +258,17 @@ class PooledForecast(Forecast):
     def interval(self, param: str) -> tuple[float, float]:
         return (np.nan, np.nan) if self.no_band else super().interval(param)
 
-    def target_draws(self, computes, n_runs: int = 1) -> np.ndarray:
+    def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
         """Draws of the mean of ``n_runs`` runs' evaluations averaged over ``computes`` (one compute: a
-        single evaluation; the last k evaluations: their mean), calibrated by the backtests."""
+        single evaluation; the last k evaluations: their mean), calibrated by the backtests.
+        ``window``: the number of evaluations averaged, when ``computes`` stands for them (default
+        ``len(computes)``)."""
         c, curves = self._curves(computes)
         point = float(self.point(c).mean())
         mean_curve = curves.mean(axis=1)
         scale = self.sigma_draws / self.noise.sigma if self.noise.sigma > 0 else np.ones(len(curves))
         rng = np.random.default_rng(self.seed + 1)
-        dev = rng.standard_normal(len(curves)) * scale * self._sd(len(c), c.max(), n_runs)[0]
+        dev = rng.standard_normal(len(curves)) * scale * self._sd(window or len(c), c.max(), n_runs)[0]
         return point + self.calibration * (mean_curve + dev - point)
 
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
@@ -287,17 +289,23 @@ class PooledForecast(Forecast):
         lo, hi = np.percentile(self.target_draws(computes, n_runs), central_percentiles(level or self.level))
         return float(lo), float(hi)
 
-    def expected_error_at(self, computes, n_runs: int | None = None) -> float:
+    def expected_error_at(self, computes, n_runs: int | None = None, window: int | None = None) -> float:
         """RMS error of the point prediction against what ``n_runs`` seeds (default: this variant's)
         will show averaged over ``computes``: the calibrated band's spread, their noise σ²/k included."""
-        d = self.target_draws(computes, n_runs or self.n_seeds)
+        d = self.target_draws(computes, n_runs or self.n_seeds, window)
         return float(np.sqrt(np.mean((d - float(self.point(computes).mean())) ** 2)))
 
     @property
+    def window(self) -> int:
+        """The target the verdict and the expected error are about: the mean of this many evaluations."""
+        return max(self.noise_var) if self.noise_var else 1
+
+    @property
     def expected_error(self) -> float | None:
+        """RMS error against the mean of this variant's seeds' last ``window`` evaluations at the target."""
         if self.no_band or not np.isfinite(self.target):
             return None
-        return self.expected_error_at([self.target])
+        return self.expected_error_at([self.target], window=self.window)
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict() if not self.no_band else {"level": self.level, "no_band": list(self.no_band)}
@@ -396,16 +404,18 @@ def _verdict(fc: PooledForecast, margin: float) -> PooledVerdict:
         more.append(f.C_mid / c_fit)
     reasons += [r for r in f.not_identified if not r.startswith("B =")]
     identified = not reasons
-    d = fc.target_draws([fc.target], fc.n_seeds)
+    w = fc.window
+    d = fc.target_draws([fc.target], fc.n_seeds, w)
     point = float(fc.point([fc.target])[0])
     p_within = float(np.mean(np.abs(d - point) <= margin))
     band_only = False
     if p_within < fc.level:
         half = float(np.percentile(np.abs(d - point), 100 * fc.level))
         z = float(norm.ppf(0.5 + fc.level / 2))
-        seeds_alone = z * fc.calibration * float(fc._sd(1, [fc.target], fc.n_seeds)[0])
+        seeds_alone = z * fc.calibration * float(fc._sd(w, [fc.target], fc.n_seeds)[0])
+        what = f"a {fc.n_seeds}-seed mean" + (f" of the last {w} evaluations" if w > 1 else "")
         text = (
-            f"a {fc.n_seeds}-seed mean at {fc.ratio:.2g}x lands within ±{margin:g} with probability {p_within:.2f} "
+            f"{what} at {fc.ratio:.2g}x lands within ±{margin:g} with probability {p_within:.2f} "
             f"< {fc.level:g} (its {fc.level:.0%} band is ±{half:.3f}, ±{seeds_alone:.3f} of it the seeds' own noise"
         )
         text += ": more seeds, not more compute)" if seeds_alone > margin else ")"
@@ -585,9 +595,10 @@ def call_difference(
     """worse / better when the whole interval of the mean-curve difference at the budget is beyond
     ∓margin, no difference when it is inside ±margin, else cannot tell yet; a curve with no band,
     or not identified, gives no call."""
-    why = [f"{n} is not a sigmoid" for n, fc in (("variant", variant), ("baseline", baseline)) if fc.no_band]
-    for n, fc in (("variant", variant), ("baseline", baseline)):
-        if not fc.no_band and fc.fit.not_identified:
+    pair = (("variant", variant), ("baseline", baseline))
+    why = [f"{n} is not a sigmoid" for n, fc in pair if getattr(fc, "no_band", None)]
+    for n, fc in pair:
+        if not getattr(fc, "no_band", None) and fc.fit.not_identified:
             why.append(f"{n}'s fit is not identified")
     bb = budget if baseline_budget is None else baseline_budget
     if why:

@@ -14,6 +14,16 @@ final evaluation), coverage of the 90% and 95% prediction bands (every held-out 
 and the final one alone), the 90% band's mean width, and the same for the paper's plain
 procedure (grid fit, iid point bootstrap of the mean curve). The not-yet-predictable row says
 how often that verdict was right (the prediction missed by more than the margin).
+
+Campaigns (the issue-28 targets): every recorded GPU study (``results/loo-gpu*/curves.csv``, its
+campaign's fit settings) and a set of synthetic campaigns are fitted on the first half of each
+variant's compute, jointly (``fit.pooling: partial``, today's default) and one variant at a time
+(``none``, the method before it), and each variant's prediction of the mean of its seeds' last
+3 evaluations at the budget is scored: within ±0.02, 90% band coverage, RMS and largest |z|,
+the verdict's recall and precision, the band's median half-width against the seed-noise floor
+1.645·σ/√k, the rank correlation of expected and actual errors, and how often a call made at
+half the budget (worse / no difference / better) agrees with the call at the budget. Each study
+is fitted alone: no prior is shared across studies, so no study informs its own score.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.stats import beta
+from scipy.stats import beta, spearmanr
 
 from scalefit import FitError, bootstrap, fit_sigmoid
 from scalefit.forecast import forecast
@@ -155,9 +165,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--resamples", type=int, default=400, help="bootstrap resamples per fit (default 400)")
     p.add_argument("--results", default="results", help="folder whose */curves.csv are the real curves")
     p.add_argument("--out", default="artifacts/bench-predict", help="per-curve CSVs and the summary")
+    p.add_argument("--synthetic-campaigns", type=int, default=8, help="synthetic campaigns (default 8)")
+    p.add_argument("--campaign-resamples", type=int, default=300, help="bootstrap resamples per campaign fit")
+    p.add_argument("--campaigns-only", action="store_true", help="only the campaign section (the issue-28 targets)")
+    p.add_argument("--studies", default="loo-gpu*", help="which results/ studies the campaign section scores")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    campaigns_main(args, out)
+    if args.campaigns_only:
+        return
     summary = []
     for label, cases in (
         ("synthetic", synthetic_cases(args.synthetic)),
@@ -181,6 +198,269 @@ def main(argv: list[str] | None = None) -> None:
     with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.3f}".format):
         print(table.to_string(index=False))
     print(f"per-curve rows → {out}/synthetic.csv, {out}/real.csv; summary → {out}/summary.csv")
+
+
+# ---------------------------------------------------------------- campaigns (issue 28)
+
+STUDIES = ("loo-gpu3", "loo-gpu4", "loo-gpu5")  # the issue's reference set; every loo-gpu* study is also scored
+LAST_K = 3
+ISSUE_TODAY = {  # the issue's figures for today's method over loo-gpu3/4/5 (32 half-compute predictions)
+    "within ±0.02 of the last-3 mean": "15/32",
+    "90% band coverage": "27/32",
+    "expected-error rank correlation": "0.08",
+    "predictable when within ±0.02": "1/15",
+}
+
+
+def _settings(study: str, pooling: str) -> dict:
+    """The study's campaign fit settings (its eval size, grid, margin) with ``pooling`` set."""
+    from runners.ops.campaign import load_campaign
+
+    try:
+        fit = dict(load_campaign(study).fit or {})
+    except ValueError:
+        fit = {"x": REAL_X, "a_grid": "0.05:1.0:0.005"}
+    return {**fit, "pooling": pooling, "last_k": LAST_K}
+
+
+def synthetic_campaigns(n: int, seed: int = 0):
+    """(name, curves, fit settings) of n synthetic campaigns with known truth: 6-10 variants each,
+    B spread around a campaign value (none, a little, a lot), budgets from near the knee to well past it."""
+    from scalefit.synthetic import campaign_runs
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        b0, tau = float(rng.uniform(1.2, 2.5)), float(rng.choice([0.0, 0.1, 0.3]))
+        cm0 = 3000.0
+        truth = {
+            ("baseline" if j == 0 else f"v{j}"): (
+                cm0 * float(rng.uniform(0.7, 1.4)),
+                b0 * float(np.exp(rng.normal(0, tau))),
+                float(rng.uniform(0.55, 0.8)),
+            )
+            for j in range(int(rng.integers(6, 11)))
+        }
+        df = campaign_runs(
+            truth,
+            seeds=int(rng.choice([2, 3])),
+            seed=seed * 1000 + i,
+            c_max=cm0 * float(rng.uniform(3.0, 10.0)),
+            n_points=int(rng.choice([21, 31])),
+            n_prompts=int(rng.choice([300, 1000])),
+            drift_sd=float(rng.uniform(0.004, 0.015)),
+            drift_phi=float(rng.uniform(0.6, 0.95)),
+            seed_sd=float(rng.uniform(0.003, 0.012)),
+        )
+        df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
+        df = df.rename(columns={"compute": REAL_X, "value": "val/mean_at_16"})
+        df["axis"], df["run"] = df["variant"], df["variant"] + "/seed" + df["seed"].astype(str)
+        yield f"synthetic#{i} (tau {tau:g})", df, {"x": REAL_X, "a_grid": "0.05:1.0:0.005", "last_k": LAST_K}
+
+
+def _call_label(measured: str) -> str:
+    if not isinstance(measured, str):
+        return "cannot tell yet"
+    return {"worse": "worse", "better": "better"}.get(
+        measured, "no difference" if "within" in measured else "cannot tell yet"
+    )
+
+
+def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int) -> pd.DataFrame:
+    """One row per variant and method: the half-budget prediction of the last-3 mean, scored."""
+    from analysis.loo import _calls, campaign_model, extrapolation_check, measured_at_budget
+    from analysis.planner import seed_spread
+
+    x = fit.get("x", REAL_X)
+    sd = seed_spread(curves, x, 1.0, LAST_K)
+    measured = measured_at_budget(curves, x, fit.get("margin", MARGIN), last_k=LAST_K)
+    truth_call = dict(zip(measured["variant"], measured[f"measured_last{LAST_K}_label"].map(_call_label), strict=True))
+    rows = []
+    for method, pooling in (("new", "partial"), ("today", "none")):
+        cfg = {**fit, "pooling": pooling}
+        half = campaign_model(curves, cfg, n_resamples, fraction=0.5)
+        full = campaign_model(curves, cfg, n_resamples)
+        ex = extrapolation_check(curves, cfg, model=half)
+        calls = _calls(full, half, cfg.get("margin", MARGIN)).set_index("variant")
+        for _, r in ex.iterrows():
+            seeds = int(curves.loc[curves["variant"] == r["variant"], "seed"].nunique())
+            row = {
+                "study": name,
+                "method": method,
+                "variant": r["variant"],
+                "seeds": seeds,
+                "floor": 1.645 * sd.sd_last_k / np.sqrt(seeds),
+                "fit_model": half.description,
+            }
+            if "predicted" not in r or pd.isna(r.get("predicted")):
+                rows.append({**row, "verdict": "no fit"})
+                continue
+            err = r[f"error_last{LAST_K}"]
+            if method == "new":
+                lo, hi = r[f"band_last{LAST_K}_lo"], r[f"band_last{LAST_K}_hi"]
+                z, expected = r[f"z_last{LAST_K}"], r[f"expected_error_last{LAST_K}"]
+                pred = r[f"predicted_last{LAST_K}"]
+            else:  # today's band is for one evaluation at the budget: centred on the last-3 prediction
+                pred = r[f"predicted_last{LAST_K}"]
+                half_w = (r["band_hi"] - r["band_lo"]) / 2
+                lo, hi = pred - half_w, pred + half_w
+                z, expected = err / (half_w / 1.645), r["expected_error"]
+            row.update(
+                error=err,
+                banded=bool(np.isfinite(lo)),
+                in_band=bool(lo <= r[f"observed_last{LAST_K}"] <= hi) if np.isfinite(lo) else np.nan,
+                half_width=(hi - lo) / 2 if np.isfinite(lo) else np.nan,
+                z=z,
+                expected_error=expected,
+                verdict=r["verdict"],
+                predicted=pred,
+            )
+            if r["variant"] in calls.index:
+                row["half_call"] = calls.loc[r["variant"], "half_call"]
+                row["full_call"] = calls.loc[r["variant"], "call"]
+                row["measured_call"] = truth_call.get(r["variant"], "cannot tell yet")
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def campaign_summary(df: pd.DataFrame) -> dict:
+    """The issue's figures over one set of predictions of one method."""
+    fitted = df[df["verdict"] != "no fit"]
+    within = fitted["error"].abs() <= MARGIN
+    banded = fitted[fitted["banded"].astype(bool)]
+    z = banded["z"].astype(float)
+    pred = fitted["verdict"] == "predictable"
+    rank = spearmanr(banded["expected_error"], banded["error"].abs())[0] if len(banded) > 2 else np.nan
+    decisive = fitted["half_call"].isin(["worse", "no difference", "better"]) if "half_call" in fitted else pred & False
+    calls = fitted[decisive]
+    return {
+        "predictions": len(fitted),
+        "within ±0.02": f"{int(within.sum())}/{len(fitted)}",
+        "within share": within.mean() if len(fitted) else np.nan,
+        "banded": len(banded),
+        "cov90": f"{int(banded['in_band'].astype(bool).sum())}/{len(banded)}",
+        "cov90 share": banded["in_band"].astype(bool).mean() if len(banded) else np.nan,
+        "RMS z": float(np.sqrt(np.mean(z**2))) if len(z) else np.nan,
+        "max |z|": float(z.abs().max()) if len(z) else np.nan,
+        "|z|>3": int((z.abs() > 3).sum()),
+        "predictable": int(pred.sum()),
+        "recall": f"{int((pred & within).sum())}/{int(within.sum())}",
+        "recall share": (pred & within).sum() / max(within.sum(), 1),
+        "precision": f"{int((pred & within).sum())}/{int(pred.sum())}",
+        "precision share": (pred & within).sum() / pred.sum() if pred.any() else np.nan,
+        "median half-width": float(banded["half_width"].median()) if len(banded) else np.nan,
+        "median floor": float(banded["floor"].median()) if len(banded) else np.nan,
+        "rank corr": rank,
+        "calls": len(calls),
+        "agree (joint)": f"{int((calls['half_call'] == calls['full_call']).sum())}/{len(calls)}",
+        "agree share": (calls["half_call"] == calls["full_call"]).mean() if len(calls) else np.nan,
+        "agree (measured)": f"{int((calls['half_call'] == calls['measured_call']).sum())}/{len(calls)}",
+    }
+
+
+def _targets(today: dict, new: dict) -> list[tuple[str, str, str, str]]:
+    def pct(v: float) -> str:
+        return "—" if v is None or not np.isfinite(v) else f"{v:.0%}"
+
+    ratio_t = today["median half-width"] / today["median floor"]
+    ratio_n = new["median half-width"] / new["median floor"]
+    return [
+        (
+            "within ±0.02 of the last-3 mean ≥ 80%",
+            f"{today['within ±0.02']} ({pct(today['within share'])})",
+            f"{new['within ±0.02']} ({pct(new['within share'])})",
+            str(new["within share"] >= 0.8),
+        ),
+        (
+            "90% band coverage in 85–95%",
+            f"{today['cov90']} ({pct(today['cov90 share'])})",
+            f"{new['cov90']} ({pct(new['cov90 share'])})",
+            str(0.85 <= new["cov90 share"] <= 0.95),
+        ),
+        (
+            "RMS of standardized errors in 0.9–1.1",
+            f"{today['RMS z']:.2f}",
+            f"{new['RMS z']:.2f}",
+            str(0.9 <= new["RMS z"] <= 1.1),
+        ),
+        (
+            "no |z| > 3",
+            f"{today['|z|>3']} (max {today['max |z|']:.1f})",
+            f"{new['|z|>3']} (max {new['max |z|']:.1f})",
+            str(new["|z|>3"] == 0),
+        ),
+        (
+            "predictable for ≥ 50% of those within ±0.02",
+            f"{today['recall']} ({pct(today['recall share'])})",
+            f"{new['recall']} ({pct(new['recall share'])})",
+            str(new["recall share"] >= 0.5),
+        ),
+        (
+            "right ≥ 90% when it says predictable",
+            f"{today['precision']} ({pct(today['precision share'])})",
+            f"{new['precision']} ({pct(new['precision share'])})",
+            str(bool(new["precision share"] >= 0.9)) if np.isfinite(new["precision share"]) else "n/a (none said)",
+        ),
+        (
+            "median half-width ≤ 1.5 × floor 1.645·σ/√k",
+            f"{today['median half-width']:.4f} ({ratio_t:.2f}x)",
+            f"{new['median half-width']:.4f} ({ratio_n:.2f}x)",
+            str(ratio_n <= 1.5),
+        ),
+        ("expected error ranks actual errors (Spearman)", f"{today['rank corr']:.2f}", f"{new['rank corr']:.2f}", "—"),
+        (
+            "half-budget calls agree with the budget's ≥ 95%",
+            f"{today['agree (joint)']} ({pct(today['agree share'])})",
+            f"{new['agree (joint)']} ({pct(new['agree share'])})",
+            str(bool(new["agree share"] >= 0.95)) if np.isfinite(new["agree share"]) else "n/a (no call)",
+        ),
+    ]
+
+
+def campaigns_main(args, out: Path) -> None:
+    t0 = time.perf_counter()
+    frames = []
+    studies = sorted(Path(args.results).glob(f"{args.studies}/curves.csv"))
+    for csv in studies:
+        name = csv.parent.name
+        t = time.perf_counter()
+        frames.append(score_campaign(name, pd.read_csv(csv), _settings(name, "partial"), args.campaign_resamples))
+        print(f"  {name}: scored ({time.perf_counter() - t:.0f} s) — {frames[-1]['fit_model'].iloc[0]}", flush=True)
+    for name, curves, fit in synthetic_campaigns(args.synthetic_campaigns):
+        t = time.perf_counter()
+        frames.append(score_campaign(name, curves, fit, args.campaign_resamples))
+        print(f"  {name}: scored ({time.perf_counter() - t:.0f} s)", flush=True)
+    df = pd.concat(frames, ignore_index=True)
+    df.to_csv(out / "campaigns.csv", index=False)
+    sets = {
+        "GPU studies loo-gpu3/4/5 (the issue's set)": df["study"].isin(STUDIES),
+        "every GPU study": df["study"].str.startswith("loo-gpu"),
+        "synthetic campaigns": df["study"].str.startswith("synthetic"),
+    }
+    rows = []
+    for label, sel in sets.items():
+        if not sel.any():
+            continue
+        today, new = (campaign_summary(df[sel & (df["method"] == m)]) for m in ("today", "new"))
+        print(f"\n{label}: {new['predictions']} half-compute predictions (today's method fits {today['predictions']})")
+        print("| target | today | joint model | met |\n|---|---|---|---|")
+        for t in _targets(today, new):
+            print("| " + " | ".join(t) + " |")
+            rows.append({"set": label, "target": t[0], "today": t[1], "new": t[2], "met": t[3]})
+    print(
+        "\nhalf-budget calls per study (joint model): agreement with the call at the budget, and with the measured call"
+    )
+    for study, g in df[(df["method"] == "new") & df["study"].str.startswith("loo-gpu")].groupby("study"):
+        s = campaign_summary(g)
+        agree = f"agree {s['agree (joint)']} (joint), {s['agree (measured)']} (measured)"
+        print(f"  {study}: {s['calls']} calls made, {agree}")
+    print(
+        "\nthe issue's figures for the method before this one (loo-gpu3/4/5): "
+        + "; ".join(f"{k} {v}" for k, v in ISSUE_TODAY.items())
+    )
+    pd.DataFrame(rows).to_csv(out / "campaign_targets.csv", index=False)
+    print(
+        f"campaigns: {time.perf_counter() - t0:.0f} s; rows → {out}/campaigns.csv, targets → {out}/campaign_targets.csv"
+    )
 
 
 if __name__ == "__main__":
