@@ -123,16 +123,16 @@ def estimate_hyper(loglik: np.ndarray, grid: np.ndarray) -> tuple[float, float, 
     """mu and tau of log B ~ N(mu, tau^2) from the variants' log-likelihoods on ``grid``: the mode
     of the integrated likelihood times p(tau) ∝ tau (flat in mu). Also the log posterior of tau over
     ``TAU_GRID`` (mu profiled out), from which the bootstrap draws tau."""
-    mus = grid[:: max(1, len(grid) // 240)]
+    support = (loglik - loglik.max(axis=1, keepdims=True)).max(axis=0) >= -25.0  # where any variant has mass
+    lo, hi = np.flatnonzero(support)[[0, -1]]
+    mus = grid[lo : hi + 1 : 2]
     logpost = np.empty(len(TAU_GRID))
-    best_mu = np.empty(len(TAU_GRID))
     for j, tau in enumerate(TAU_GRID):
-        total = log_marginal(loglik, grid, mus, tau).sum(axis=0) + np.log(tau)
-        i = int(np.argmax(total))
-        logpost[j], best_mu[j] = total[i], mus[i]
+        logpost[j] = (log_marginal(loglik, grid, mus, tau).sum(axis=0) + np.log(tau)).max()
     tau = float(TAU_GRID[int(np.argmax(logpost))])
-    total = log_marginal(loglik, grid, grid, tau).sum(axis=0)  # mu on the full grid at that tau
-    return float(grid[int(np.argmax(total))]), tau, logpost
+    mus = grid[lo : hi + 1]
+    total = log_marginal(loglik, grid, mus, tau).sum(axis=0)  # mu on the full grid at that tau
+    return float(mus[int(np.argmax(total))]), tau, logpost
 
 
 def _likelihood_sd(loglik: np.ndarray, grid: np.ndarray) -> float:

@@ -72,7 +72,8 @@ COLLAPSE_Z = 4.0
 STRUCTURE_Z = 3.0
 MAX_BACKTESTS = 3
 BACKTEST_RESAMPLES = 120
-RESAMPLE_GRID = 31
+RESAMPLE_GRID = 15
+MIN_BACKTESTS = 2  # a campaign whose extrapolation no backtest checked predicts nothing
 
 
 def _position_key(c: np.ndarray, c_fit: float) -> np.ndarray:
@@ -119,7 +120,7 @@ def _profile_resamples(
             r, jac = sigmoid_residuals(full, log_c[None, :], Y[k // nb], r0[k // nb, None])
             return r, jac[..., [0, 2]]
 
-        th[part], sse[part] = batched_lm(residuals, th[part], lower, upper, iters=60)
+        th[part], sse[part] = batched_lm(residuals, th[part], lower, upper, iters=40)
     return sse.reshape(R, nb), th[:, 0].reshape(R, nb), th[:, 1].reshape(R, nb)
 
 
@@ -236,6 +237,7 @@ class PooledForecast(Forecast):
     target: float = np.nan
     no_band: list[str] = field(default_factory=list)  # why the curve gets no band (not a sigmoid)
     pool_kind: str = "seeds"
+    campaign_backtests: int = 0  # backtests past the knee over the whole campaign (they set ``calibration``)
 
     def _sd(self, window: int, compute, n_runs: int) -> np.ndarray:
         """sd of the mean of ``n_runs`` runs' means over ``window`` evaluations ending at each compute:
@@ -403,13 +405,18 @@ def _verdict(fc: PooledForecast, margin: float) -> PooledVerdict:
         reasons.append(f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point")
         more.append(f.C_mid / c_fit)
     reasons += [r for r in f.not_identified if not r.startswith("B =")]
-    identified = not reasons
+    if fc.campaign_backtests < MIN_BACKTESTS:
+        reasons.append(
+            f"{fc.campaign_backtests} backtest(s) past the knee in the campaign (need {MIN_BACKTESTS}): "
+            "its extrapolation is unchecked"
+        )
     w = fc.window
     d = fc.target_draws([fc.target], fc.n_seeds, w)
     point = float(fc.point([fc.target])[0])
     p_within = float(np.mean(np.abs(d - point) <= margin))
     band_only = False
     if p_within < fc.level:
+        band_only = not reasons  # a sigmoid, identified, checked: only the k-seed band is wider than the margin
         half = float(np.percentile(np.abs(d - point), 100 * fc.level))
         z = float(norm.ppf(0.5 + fc.level / 2))
         seeds_alone = z * fc.calibration * float(fc._sd(w, [fc.target], fc.n_seeds)[0])
@@ -420,7 +427,6 @@ def _verdict(fc: PooledForecast, margin: float) -> PooledVerdict:
         )
         text += ": more seeds, not more compute)" if seeds_alone > margin else ")"
         reasons.append(text)
-        band_only = identified
     return PooledVerdict(not reasons, reasons, max(more) if more else None, band_only, band_only)
 
 
@@ -560,8 +566,9 @@ def forecast_campaign(
         question = float(np.median(list(ratio.values())))
         bts = _backtests(cfit, fcs, question, level, margin, eval_prompts, seed)
         cal = calibration(bts)
+        n_bt = sum(len(b) for b in bts.values())
         for v, fc in fcs.items():
-            fc.backtests, fc.calibration = bts.get(v, []), cal
+            fc.backtests, fc.calibration, fc.campaign_backtests = bts.get(v, []), cal, n_bt
     for fc in fcs.values():
         fc.verdict = _verdict(fc, margin)
     return fcs

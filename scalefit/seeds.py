@@ -20,7 +20,7 @@ from scalefit.fit import SigmoidFit
 from scalefit.forecast import _series
 
 P_GRID = np.linspace(0.0, 1.0, 401)
-TREND_FROM = 0.5  # the variance line is fitted over the second half of the fitted range
+TREND_FROM = 0.25  # the variance line is fitted over the last three quarters of the fitted range
 
 
 def _aligned(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray] | None:
@@ -58,8 +58,8 @@ class DeviationPool:
         """(a, b) of var(p) = a + b p: the variance of one run's mean over ``window`` successive
         evaluations ending at position p of the fitted range. A run wanders from its recipe's curve
         like a random walk (its variance grows with compute) on top of noise that does not grow
-        (the evaluation's); both are fitted to the pool's squared deviations over the second half of
-        the fitted range (non-negative, weighted least squares: a run's start from the base model
+        (the evaluation's); both are fitted to the pool's squared deviations over the last three
+        quarters of the fitted range (non-negative, weighted least squares: a run's start from the base model
         does not set its trend) and the line carries the noise beyond the fitted range."""
         ends, sq = [], []
         for p, d in zip(self.positions, self.deviations, strict=True):

@@ -1,7 +1,8 @@
 """``make bench-fit``: naive per-cell procedure vs scalefit's vectorised fit, same data and grid;
-the forecast (bands + backtests) of one curve; fit time and peak memory at 1k, 50k, 200k points;
-the whole ``python -m scalefit fit --seed-col seed`` path (fit + forecast) at 3 x 20,000,
-10 x 2,000 and 20 x 10,000 evaluations, its time and peak resident memory (target < 1.5 GB)."""
+the forecast (bands + backtests) of one curve; the joint fit and forecast of a 12-variant campaign;
+fit time and peak memory at 1k, 50k, 200k points; the whole ``python -m scalefit fit --seed-col seed``
+path (fit + forecast) at 3 x 20,000, 10 x 2,000 and 20 x 10,000 evaluations, its time and peak
+resident memory (target < 1.5 GB)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,32 @@ def best_of(fn, repeat: int) -> tuple[float, object]:
         out = fn()
         times.append(time.perf_counter() - t)
     return min(times), out
+
+
+def joint_campaign() -> None:
+    """A 12-variant campaign (3 seeds x 31 evaluations each, one B): the joint fit and its forecast."""
+    from scalefit.pooled import fit_campaign
+    from scalefit.pooled_forecast import forecast_campaign
+    from scalefit.synthetic import campaign_runs
+
+    rng = np.random.default_rng(0)
+    truth = {f"v{i}": (3000 * rng.uniform(0.7, 1.4), 1.9, rng.uniform(0.55, 0.8)) for i in range(12)}
+    df = campaign_runs(truth, seeds=3, c_max=15_000, n_points=31, drift_sd=0.01, seed_sd=0.008)
+    curves = {
+        v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")
+    }
+    a_grid = np.round(np.arange(0.05, 1.0, 0.005), 3)
+    t_fit, cfit = best_of(lambda: fit_campaign(curves, a_grid=a_grid), 2)
+    t_none, _ = best_of(lambda: fit_campaign(curves, a_grid=a_grid, pooling="none"), 2)
+    t_fc, fcs = best_of(lambda: forecast_campaign(cfit, n_resamples=1000), 1)
+    print(
+        f"joint fit       : {t_fit:9.2f} s   (target: seconds; 12 variants x 3 seeds x 31 points; one by one "
+        f"{t_none:.2f} s) → {cfit.describe()}"
+    )
+    print(
+        f"joint forecast  : {t_fc:9.2f} s   (1,000 seed-bootstrap resamples of the campaign + "
+        f"{sum(len(f.backtests) for f in fcs.values())} backtests)"
+    )
 
 
 def main() -> None:
@@ -68,6 +95,7 @@ def main() -> None:
         f"forecast        : {t_fc * 1e3:9.1f} ms   (target < 1000 ms: fit's bands from 1,000 correlated resamples + "
         f"{len(fc.backtests)} backtests) → {fc.verdict.label}"
     )
+    joint_campaign()
     print("scaling in n (paper grids, one fit each; numpy allocations traced):")
     for n in (1_000, 50_000, 200_000):
         c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=n, n_prompts=1000, seed=1)

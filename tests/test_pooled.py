@@ -159,3 +159,28 @@ def test_pooling_and_last_k_settings_are_checked():
         fit_settings({"pooling": "full"})
     with pytest.raises(CampaignError, match="fit.last_k = 0"):
         fit_settings({"last_k": 0})
+
+
+def test_the_loo_table_says_which_fit_it_used_and_pooling_none_keeps_the_per_variant_fit():
+    from analysis.loo import fit_table, to_markdown
+
+    truth = {"baseline": (3000, 1.9, 0.65), "loss=a": (3500, 1.9, 0.62), "loss=b": (2500, 1.9, 0.70)}
+    df = campaign_runs(truth, seeds=2, c_max=12_000, n_points=21, drift_sd=0.005, seed_sd=0.005, seed=6)
+    df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
+    df = df.rename(columns={"compute": "compute/samples", "value": MEAN_AT_16}).assign(axis="loss")
+    settings = {"a_grid": "0.30:0.95:0.005"}
+    pooled, _ = fit_table(df, settings, n_boot=60)
+    alone, extra = fit_table(df, {**settings, "pooling": "none"}, n_boot=60)
+    assert to_markdown(pooled).startswith("Fit: pooling partial: B pooled over 3 variants")
+    assert to_markdown(alone).startswith("Fit: pooling none")
+    assert pooled.set_index("variant")["pooled"].str.startswith("pooled (campaign B").all()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        own = fit_sigmoid(
+            *(df.loc[df["variant"] == "loss=a", c] for c in ("compute/samples", MEAN_AT_16)),
+            a_grid=extra["fits"]["loss=a"].a_grid,
+            runs=df.loc[df["variant"] == "loss=a", "seed"],
+        )
+    assert alone.set_index("variant").loc["loss=a", "B"] == own.B  # none: exactly the per-variant fit
+    for col in ("half_call", "call", "resolvable", "resolvable_last_k", "measured_last3"):
+        assert col in pooled, col
