@@ -15,9 +15,10 @@ comparisons, plots and stop decisions read it as they read a single fit's):
    the refitted curves is the confidence band; adding the deviation of a new k-seed mean — its
    size from the pool's series over the last third of the fitted range, σ²/k, for one evaluation
    or the mean of the last w — is the prediction band.
-3. **Not a sigmoid, no band.** B on a bound of its range, a curve that rises then falls (its
-   latest evaluations significantly below its peak), or its latest third off the fitted curve:
-   no band and no verdict but the reason, never a band that looks calibrated.
+3. **Not a sigmoid (or not identified), no band.** B on a bound of its range, A or C_mid on the
+   edge of its grid, a curve that rises then falls (its latest evaluations significantly below its
+   peak), its latest third off the fitted curve, or a shape the campaign does not share: no band
+   and no verdict but the reason, never a band that looks calibrated.
 4. **Backtests past the knee.** The campaign is refitted on prefixes of every variant's range
    and asked for later fitted points (at most the question's ratio ahead, at least its square
    root); only variants past their knee at the origin count. Each error is scored against the
@@ -397,7 +398,7 @@ class PooledVerdict(Verdict):
 def _verdict(fc: PooledForecast, margin: float) -> PooledVerdict:
     f = fc.fit
     if fc.no_band:
-        return PooledVerdict(False, ["not a sigmoid, no band: " + "; ".join(fc.no_band)])
+        return PooledVerdict(False, ["no band: " + "; ".join(fc.no_band)])
     reasons, more = [], []
     c_fit = float(f.compute.max())
     share = _knee_share(f, c_fit)
@@ -603,7 +604,7 @@ def call_difference(
     ∓margin, no difference when it is inside ±margin, else cannot tell yet; a curve with no band,
     or not identified, gives no call."""
     pair = (("variant", variant), ("baseline", baseline))
-    why = [f"{n} is not a sigmoid" for n, fc in pair if getattr(fc, "no_band", None)]
+    why = [f"{n} has no band ({fc.no_band[0]})" for n, fc in pair if getattr(fc, "no_band", None)]
     for n, fc in pair:
         if not getattr(fc, "no_band", None) and fc.fit.not_identified:
             why.append(f"{n}'s fit is not identified")
