@@ -185,7 +185,7 @@ def campaign_model(
 ) -> Model:
     """Fit every variant on the first ``fraction`` of its compute (1: all of it) and forecast it
     (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
-    cfg, a_grid = _fit_config(fit)
+    cfg, a_grid = _fit_config(fit, warn=False)
     x, y = cfg["x"], MEAN_AT_16
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     budgets = {v: float(g[x].max()) for v, g in groups.items()}

@@ -41,11 +41,12 @@ from scalefit.seeds import DeviationPool, deviation_pool
 
 POOLING = ("partial", "none")
 R0_TOLERANCE = 0.01  # zero-compute evaluations this close: one base model, one R0
-LOGB_GRID = np.linspace(np.log(0.05), np.log(40.0), 121)  # neighbours 5.7% apart
+LOGB_GRID = np.linspace(np.log(0.05), np.log(B_BOUNDS[1]), 121)  # neighbours 5.9% apart; up to B's bound
 FINE = 4  # the likelihoods are interpolated onto a grid this much finer for the integrals
 TAU_GRID = np.geomspace(0.003, 3.0, 61)
 PHI_CAP = 0.8  # caps the AR(1) information loss at (1 + 0.8) / (1 - 0.8) = 9x
 OUTLIER_Z = 3.5
+COLLAPSE_Z = 4.0
 CALIBRATION_RESAMPLES = 100
 TEMPERATURE_RANGE = 30.0  # the seed bootstrap moves a variant's likelihood temperature at most this much
 N_CMID_START = 100
@@ -223,6 +224,33 @@ def _bootstrap_logb_sd(fit: SigmoidFit, pool: DeviationPool, rng: np.random.Gene
     theta, _ = batched_lm(residuals, np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n, 1)), lower, upper, iters=100)
     q75, q25 = np.percentile(np.log(theta[:, 1]), [75, 25])
     return float((q75 - q25) / 1.349)
+
+
+def variant_mean(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray]:
+    """The mean over runs at each fitted compute (computes in order), zero compute included."""
+    c_all, v_all = fit.inputs
+    keep = fit.used | (c_all == c_all.min())
+    cs = np.unique(c_all[keep])
+    return cs, np.array([v_all[keep & (c_all == x)].mean() for x in cs])
+
+
+def collapse_reason(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> str | None:
+    """ "rises then falls: ..." when the variant's mean over a few evaluations ends more than
+    ``COLLAPSE_Z`` standard errors (from the campaign's seed deviations) below its peak, else None."""
+    cs, m = variant_mean(fit)
+    w = min(3, max(len(m) // 4, 1))
+    if len(m) < 2 * w + 2:
+        return None
+    smooth = np.convolve(m, np.ones(w) / w, mode="valid")
+    peak = int(np.argmax(smooth[:-1]))
+    drop = float(smooth[peak] - smooth[-1])
+    se = pool.sd(w) * np.sqrt(2.0 / max(n_seeds, 1))
+    if se > 0 and drop / se > COLLAPSE_Z and peak < len(smooth) - 2:
+        return (
+            f"rises then falls: its mean over {w} evaluations peaks at {smooth[peak]:.3f} "
+            f"(compute {cs[peak + w - 1]:.3g}) and ends at {smooth[-1]:.3f} (z = {drop / se:.1f})"
+        )
+    return None
 
 
 def _nearest(grid: np.ndarray, x: float) -> float:
@@ -422,8 +450,12 @@ def fit_campaign(
         ratio = float(np.clip(ratio, 1.0 / TEMPERATURE_RANGE, TEMPERATURE_RANGE))
         temps[v] *= ratio
         loglik[v] = loglik[v] / ratio
-    members = list(fits)
     notes: dict[str, str] = {}
+    for v, f in fits.items():  # a curve that rises then falls has no sigmoid's B to lend or borrow
+        why = collapse_reason(f, pool, len(np.unique(f.run_inputs)))
+        if why:
+            notes[v] = f"{why}: fitted alone"
+    members = [v for v in fits if v not in notes]
     mu = tau = tau_logpost = None
     while len(members) >= 2:
         mu, tau, tau_logpost = estimate_hyper(np.array([loglik[v] for v in members]), grid)

@@ -62,14 +62,15 @@ from scalefit.pooled import (
     CampaignFit,
     _interp_rows,
     _normal_kernel,
+    collapse_reason,
     fine_grid,
     fit_campaign,
+    variant_mean,
 )
 from scalefit.seeds import DeviationPool, deviation_pool
 from scalefit.uncertainty import central_percentiles
 
 TAIL = 1.0 / 3.0  # the structure check looks at the last third of the fitted range
-COLLAPSE_Z = 4.0
 STRUCTURE_Z = 3.0
 MAX_BACKTESTS = 3
 BACKTEST_RESAMPLES = 120
@@ -322,14 +323,6 @@ class PooledForecast(Forecast):
         return out
 
 
-def _variant_mean(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray]:
-    """The mean over runs at each fitted compute (computes in order), zero compute included."""
-    c_all, v_all = fit.inputs
-    keep = fit.used | (c_all == c_all.min())
-    cs = np.unique(c_all[keep])
-    return cs, np.array([v_all[keep & (c_all == x)].mean() for x in cs])
-
-
 def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[str]:
     """Why this curve is not a sigmoid its band could be trusted on (empty when it is one)."""
     out = []
@@ -341,19 +334,11 @@ def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[st
         out.append(f"C_mid = {fit.C_mid:.4g} is on the edge of its grid (not identified)")
     if fit.b_at_bound:
         out.append(f"B = {fit.B:.3g} is on a bound of its range (a {'step' if fit.B > 1 else 'flat line'})")
-    cs, m = _variant_mean(fit)
+    collapse = collapse_reason(fit, pool, n_seeds)
+    if collapse and not getattr(fit, "pool_note", "").startswith("rises then falls"):  # said once
+        out.append(collapse)
+    cs, m = variant_mean(fit)
     k = max(n_seeds, 1)
-    w = min(3, max(len(m) // 4, 1))
-    if len(m) >= 2 * w + 2:
-        smooth = np.convolve(m, np.ones(w) / w, mode="valid")
-        peak = int(np.argmax(smooth[:-1]))
-        drop = float(smooth[peak] - smooth[-1])
-        se = pool.sd(w) * np.sqrt(2.0 / k)
-        if se > 0 and drop / se > COLLAPSE_Z and peak < len(smooth) - 2:
-            out.append(
-                f"rises then falls: its mean over {w} evaluations peaks at {smooth[peak]:.3f} "
-                f"(compute {cs[peak + w - 1]:.3g}) and ends at {smooth[-1]:.3f} (z = {drop / se:.1f})"
-            )
     used = cs > 0
     c_fit = cs[used]
     third = c_fit[c_fit >= c_fit.max() * (1.0 - TAIL) - 1e-12] if len(c_fit) else c_fit

@@ -40,7 +40,7 @@ def test_pooling_recovers_a_shared_B_that_each_curve_alone_cannot_pin():
     pooled, alone = _fit(df), _fit(df, pooling="none")
     err_pooled = np.array([np.log(pooled.fits[v].B / 1.9) for v in truth])
     err_alone = np.array([np.log(alone.fits[v].B / 1.9) for v in truth])
-    assert pooled.mu is not None and abs(pooled.mu - np.log(1.9)) < 0.1  # the campaign's B within 10%
+    assert pooled.mu is not None and abs(pooled.mu - np.log(1.9)) < 0.15  # within 3 se of 8 variants
     assert np.sqrt(np.mean(err_pooled**2)) < np.sqrt(np.mean(err_alone**2))
     assert np.std(err_pooled) < 0.5 * np.std(err_alone)  # alone, drift moves each B; pooled, they agree
     assert pooled.r0_shared and set(pooled.pooled) == set(truth)
