@@ -329,7 +329,8 @@ def campaign_summary(df: pd.DataFrame) -> dict:
     banded = fitted[fitted["banded"].astype(bool)]
     z = banded["z"].astype(float)
     pred = fitted["verdict"] == "predictable"
-    rank = spearmanr(banded["expected_error"], banded["error"].abs())[0] if len(banded) > 2 else np.nan
+    ranked = banded[np.isfinite(banded["expected_error"].astype(float))]
+    rank = spearmanr(ranked["expected_error"], ranked["error"].abs())[0] if len(ranked) > 2 else np.nan
     decisive = fitted["half_call"].isin(["worse", "no difference", "better"]) if "half_call" in fitted else pred & False
     calls = fitted[decisive]
     return {
