@@ -21,6 +21,7 @@ from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
 from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.uncertainty import central_percentiles
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *store.COMPUTE_METRICS)
 WALL_CLOCK = "compute/gpu_hours"
@@ -480,8 +481,17 @@ def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
     level = f"{base.level:.0%}"
     if c.winner == "tie" and c.rule == "B":
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
+    if c.rule == "B" and hasattr(base, "target_draws") and hasattr(cand, "target_draws") and not cand.no_band:
+        # the joint model: resample i of both fits comes from one simulated campaign, so ΔB is paired
+        d = cand.samples[:, 1] - base.samples[:, 1]
+        d_lo, d_hi = np.percentile(d[np.isfinite(d)], central_percentiles(base.level))
+        if d_lo <= 0.0 <= d_hi:
+            return (
+                f"no measurable difference: same A within margin; refitted at shared A = {c.shared_A:.3f}, "
+                f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}; ΔB's {level} interval [{d_lo:+.3f}, {d_hi:+.3f}] holds 0"
+            )
     lo, hi = base.interval("B")
-    if c.rule == "B" and lo <= c.B_candidate <= hi:
+    if c.rule == "B" and not hasattr(base, "target_draws") and lo <= c.B_candidate <= hi:
         return (
             f"no measurable difference: same A within margin; refitted at shared A = {c.shared_A:.3f}, "
             f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}, inside the baseline's {level} interval [{lo:.2f}, {hi:.2f}]"
