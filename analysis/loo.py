@@ -152,6 +152,7 @@ def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int,
     )
 
 
+HALF_RESAMPLES = 400  # the fit on half of each variant's compute: its calls and the extrapolation check
 MIN_FIT_POINTS = 4  # scalefit fits a sigmoid to at least this many points with compute above zero
 
 
@@ -312,7 +313,7 @@ def fit_table(
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
     if half is None:
-        half = campaign_model(curves, fit, max(n_boot // 2, 100), fraction=0.5)
+        half = campaign_model(curves, fit, HALF_RESAMPLES, fraction=0.5)
     table = table.merge(_calls(model, half, cfg["margin"]), on="variant", how="left")
     measured = measured_at_budget(curves, x, cfg["margin"], last_k=cfg["last_k"])
     if len(measured):
@@ -577,7 +578,7 @@ def extrapolation_check(
     curves: pd.DataFrame,
     fit: dict[str, Any] | None = None,
     frac: float = 0.5,
-    n_boot: int = 400,
+    n_boot: int = HALF_RESAMPLES,
     model: Model | None = None,
 ) -> pd.DataFrame:
     """Fit the campaign on each variant's first ``frac`` of compute (jointly unless ``fit.pooling:
@@ -601,7 +602,8 @@ def extrapolation_check(
         last = by_seed.last()
         tail = by_seed.tail(k)
         x_end, observed = float(last[x].mean()), float(last[y].mean())
-        x_tail = np.unique(tail[x].to_numpy())
+        x_tail = tail[x].to_numpy(float)  # every seed's last k: their mean is the mean of the seeds' means
+        window = int(tail.groupby("seed").size().min())  # fewer than k where a seed has fewer evaluations
         upto = model.fit_upto.get(variant, frac * float(g[x].max()))
         share = upto / float(g[x].max()) if variant not in model.no_share else None
         row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": x_end, "observed": observed}
@@ -620,9 +622,11 @@ def extrapolation_check(
         row[f"error_last{k}"] = pred_k - row[f"observed_last{k}"]
         if hasattr(fc, "target_band"):  # the joint model: bands for a k-seed mean of one or the last k evaluations
             lo, hi = fc.target_band([x_end], seeds)
-            lo_k, hi_k = fc.target_band(x_tail, seeds)
             sd = np.nan if fc.no_band else fc.expected_error_at([x_end], seeds)
-            sd_k = np.nan if fc.no_band else fc.expected_error_at(x_tail, seeds)
+            lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
+            if window in fc.noise_var:
+                lo_k, hi_k = fc.target_band(x_tail, seeds, window=window)
+                sd_k = np.nan if fc.no_band else fc.expected_error_at(x_tail, seeds, window)
         else:
             lo, hi = (float(b[0]) for b in fc.prediction_band([x_end], n_runs=seeds))
             lo_k, hi_k, sd, sd_k = np.nan, np.nan, np.nan, np.nan
@@ -720,7 +724,7 @@ def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None
     """From curves (as ``load_curves`` or a published ``curves.csv`` holds them): the LOO table
     (CSV + Markdown), the plot with both bands, and the extrapolation check, under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    half = campaign_model(curves, fit, 400, fraction=0.5)
+    half = campaign_model(curves, fit, HALF_RESAMPLES, fraction=0.5)
     table, extra = fit_table(curves, fit, half=half)
     table.to_csv(out / "loo_table.csv", index=False)
     (out / "loo_table.md").write_text(to_markdown(table))

@@ -286,18 +286,25 @@ class PooledForecast(Forecast):
     def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         return self._nan(compute) if self.no_band else super().prediction_band(compute, n_runs, level)
 
-    def target_band(self, computes, n_runs: int = 1, level: float | None = None) -> tuple[float, float]:
+    def target_band(
+        self, computes, n_runs: int = 1, level: float | None = None, window: int | None = None
+    ) -> tuple[float, float]:
         """The band of ``target_draws`` (NaN for a curve with no band)."""
         if self.no_band:
             return np.nan, np.nan
-        lo, hi = np.percentile(self.target_draws(computes, n_runs), central_percentiles(level or self.level))
+        draws = self.target_draws(computes, n_runs, window)
+        lo, hi = np.percentile(draws, central_percentiles(level or self.level))
         return float(lo), float(hi)
 
     def expected_error_at(self, computes, n_runs: int | None = None, window: int | None = None) -> float:
-        """RMS error of the point prediction against what ``n_runs`` seeds (default: this variant's)
-        will show averaged over ``computes``: the calibrated band's spread, their noise σ²/k included."""
+        """Expected error of the point prediction against what ``n_runs`` seeds (default: this
+        variant's) will show averaged over ``computes``: the calibrated draws' spread, their noise
+        σ²/k included, as a standard deviation (half their central 68.27% interval: the RMS for
+        normal draws, and finite where few seeds give the noise level a heavy tail, as one
+        variant's two seeds do: one degree of freedom, a draw's RMS then has no finite value)."""
         d = self.target_draws(computes, n_runs or self.n_seeds, window)
-        return float(np.sqrt(np.mean((d - float(self.point(computes).mean())) ** 2)))
+        lo, hi = np.percentile(d - float(self.point(computes).mean()), [15.865, 84.135])
+        return float((hi - lo) / 2)
 
     @property
     def window(self) -> int:
