@@ -593,14 +593,32 @@ def call_difference(
     level: float = 0.95,
 ) -> Call:
     """worse / better when the whole interval of the mean-curve difference at the budget is beyond
-    ∓margin, no difference when it is inside ±margin, else cannot tell yet; a curve with no band,
-    or not identified, gives no call."""
+    ∓margin, no difference when it is inside ±margin, else cannot tell yet. No call from a curve
+    with no band or not identified, nor, at a budget past its fitted data (an extrapolation),
+    from one whose campaign has not checked its extrapolations (``MIN_BACKTESTS`` backtests past
+    the knee) or whose asymptote A the resamples do not bound (its interval reaches the grid's
+    edge): such a difference is the fit's guess, not the data's."""
     pair = (("variant", variant), ("baseline", baseline))
     why = [f"{n} has no band ({fc.no_band[0]})" for n, fc in pair if getattr(fc, "no_band", None)]
-    for n, fc in pair:
-        if not getattr(fc, "no_band", None) and fc.fit.not_identified:
-            why.append(f"{n}'s fit is not identified")
     bb = budget if baseline_budget is None else baseline_budget
+    for (n, fc), at in zip(pair, (budget, bb), strict=True):
+        if getattr(fc, "no_band", None):
+            continue
+        if fc.fit.not_identified:
+            why.append(f"{n}'s fit is not identified")
+        elif at > float(fc.fit.compute.max()) * (1 + 1e-9):  # a call past the fitted data is an extrapolation:
+            checked = getattr(fc, "campaign_backtests", None)  # the joint model's; a lone fit's are its own
+            if checked is not None and checked < MIN_BACKTESTS:  # ... one the campaign has checked
+                why.append(
+                    f"{n}'s extrapolation is unchecked ({checked} backtest(s) past the knee in the "
+                    f"campaign, need {MIN_BACKTESTS})"
+                )
+            a_lo, a_hi = fc.interval("A")  # ... and whose asymptote the resamples bound
+            edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
+            if a_lo <= edges[0] + 1e-9 or a_hi >= edges[1] - 1e-9:
+                why.append(
+                    f"{n}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
+                )
     if why:
         return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
     v = variant.mean_draws([budget])[:, 0]

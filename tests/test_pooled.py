@@ -184,3 +184,23 @@ def test_the_loo_table_says_which_fit_it_used_and_pooling_none_keeps_the_per_var
     assert alone.set_index("variant").loc["loss=a", "B"] == own.B  # none: exactly the per-variant fit
     for col in ("half_call", "call", "resolvable", "resolvable_last_k", "measured_last3"):
         assert col in pooled, col
+
+
+def test_an_extrapolated_call_needs_a_bounded_asymptote_and_a_checked_extrapolation():
+    """Fitted on points before the knee, a variant's asymptote is a guess: half a budget's call
+    says "cannot tell yet" and why, however far apart the guesses lie (loo-cpu40 called four
+    variants "worse" by 0.12 from there; at the budget they were no different). Past the knee the
+    same difference is called."""
+    truth = {"baseline": (8000, 1.9, 0.70), "worse": (8000, 1.9, 0.55), "v2": (8000, 1.9, 0.65), "v3": (8000, 1.9, 0.6)}
+    df = campaign_runs(truth, seeds=2, c_max=40_000, n_points=41, drift_sd=0.004, seed_sd=0.004, seed=2)
+    budgets = dict.fromkeys(truth, 40_000.0)
+
+    def call(upto: float):
+        cfit = _fit(df, fit_upto=dict.fromkeys(truth, upto))
+        fcs = forecast_campaign(cfit, target=budgets, n_resamples=200)
+        return call_difference(fcs["worse"], fcs["baseline"], 40_000.0)
+
+    early = call(4_000)  # half of C_mid: little of the gain shows yet
+    assert early.label == "cannot tell yet" and "extrapolation is unchecked" in early.reason, early
+    late = call(20_000)  # well past the knee, extrapolated 2x: the 0.15 gap is called
+    assert late.label == "worse" and late.hi < -0.02, late
