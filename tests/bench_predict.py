@@ -70,6 +70,8 @@ def real_cases(root: Path):
     """(name, compute, value, runs) of every run of every results/*/curves.csv (one curve each)."""
     for csv in sorted(root.glob("*/curves.csv")):
         df = pd.read_csv(csv)
+        if not {"run", REAL_X, "val/mean_at_16"} <= set(df.columns):
+            continue  # not a campaign's evaluations (results/fsdp: a sharding study's own columns)
         for run, g in df.groupby("run", sort=True):
             g = g.dropna(subset=[REAL_X, "val/mean_at_16"]).sort_values(REAL_X)
             yield f"{csv.parent.name}/{run}", g[REAL_X].to_numpy(), g["val/mean_at_16"].to_numpy(), None, {}
