@@ -281,7 +281,8 @@ def test_a_gap_far_beyond_the_backtest_error_stops_a_variant_that_is_not_predict
 
 def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_its_backtest_error():
     """On the third GPU study: think_8 never rises (no sigmoid to fit) while the baseline, identified
-    but with a backtest error above the margin, is predicted far above it even after that error;
+    but with an expected error above the margin (the joint model's k-seed band wider than it), is
+    predicted far above it even after that error;
     lr_half (slower, same plateau) keeps running."""
     from pathlib import Path
 
@@ -289,7 +290,7 @@ def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_i
     budgets = curves.groupby("variant")[X].max().to_dict()
     cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=500, n_resamples=400)
     flat = decide_at(curves, "control=think_8", 0.5, budgets, cfg)
-    assert flat.stop and flat.reason.startswith("stop: no gain") and "after its backtest error" in flat.reason
+    assert flat.stop and flat.reason.startswith("stop: no gain") and "after its expected error" in flat.reason
     slow = decide_at(curves, "control=lr_half", 0.5, budgets, cfg)
     assert not slow.stop
 

@@ -40,6 +40,7 @@ from scipy.stats import norm
 from runners.ops import store
 from runners.ops.campaign import STOP_FILE, Adaptive, X
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
+from scalefit.decide import error_name
 from scalefit.grids import parse_grid
 from scalefit.pooled_forecast import fit_and_forecast_campaign
 
@@ -122,8 +123,9 @@ def decide_at(
     has not risen above its start (so no sigmoid can be fitted, and none ruled out) while the
     baseline has already made most of its predicted gain and is predicted to end above anything
     the variant has reached, by more than the margin. The baseline must be predictable, or
-    identified with only its backtest error (joint model: its k-seed band) above the margin: then
-    its prediction is first lowered by z(risk) x that error, as the fitted rule does.
+    identified with only its backtest error (joint model: the expected error of its k-seed
+    prediction) above the margin: then its prediction is first lowered by z(risk) x that error, as
+    the fitted rule does.
     """
     cache = {} if cache is None else cache
     if cfg.pooling == "none":
@@ -197,7 +199,7 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
     lo = float(np.percentile(baseline.mean_draws([budget])[:, 0], 100 * cfg.risk))
     verdict = baseline.verdict
     if verdict is not None and not verdict.predictable and verdict.error_only:
-        # identified, its only flaw a backtest error above the margin: as scalefit.decide_stop does,
+        # identified, its only flaw a backtest (joint: expected) error above the margin: as decide_stop does,
         # move its prediction down by z(risk) x that error before comparing
         lo -= float(norm.ppf(1.0 - cfg.risk)) * (baseline.expected_error or 0.0)
     base = StopDecision(False, "", variant_final=latest, baseline_final=b_final)
@@ -215,7 +217,7 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
         base.reason = (
             f"stop: no gain (mean@16 {start:.3f} -> {latest:.3f}) at {fraction:.0%} of the budget, while the baseline "
             f"has made {share:.0%} of its gain and ends above {lo:.3f} with probability {1 - cfg.risk:.0%}"
-            f"{'' if verdict.predictable else ' after its backtest error'} "
+            f"{'' if verdict.predictable else f' after its {error_name(baseline)}'} "
             f"(variant's best {best:.3f}, margin {cfg.margin:g})"
         )
     return base
