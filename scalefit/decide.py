@@ -4,10 +4,13 @@ baseline's (minus the comparison margin), given what both curves show so far?
 The probability comes from the two forecasts' calibrated draws of the mean curve at each one's
 budget (independent bootstraps, paired at random). A variant is stopped when both fits are
 predictable and that probability is below the risk level, or when a fit is identified but its
-backtest error exceeds the margin and the probability stays below the risk level even with each
-prediction moved towards the other by its backtest error (z(risk) times it): a gap far larger
-than the error of the forecasts decides what the margin alone cannot. Anything less certain keeps
-running, with the reason stated. Numbers only: which runs to stop and how is the caller's business.
+backtest error (a joint model's forecast: the expected error of its k-seed prediction) exceeds the
+margin and the probability stays below the risk level even with each prediction moved towards the
+other by that error (z(risk) times it): a gap far larger
+than the error of the forecasts decides what the margin alone cannot. A forecast with no band (a
+joint model's curve that is not a sigmoid: ``PooledForecast.no_band``) never stops anything: its
+draws are undefined, and the reason says why. Anything less certain keeps running, with the reason
+stated. Numbers only: which runs to stop and how is the caller's business.
 """
 
 from __future__ import annotations
@@ -32,9 +35,17 @@ class StopDecision:
     variant_band: tuple[float, float] | None = None
     baseline_final: float | None = None
     baseline_band: tuple[float, float] | None = None
+    fit_model: str | None = None  # which fit decided: the joint model's description, or the per-variant fit's
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def error_name(*forecasts: Forecast) -> str:
+    """What the error a prediction is moved by is: a single fit's backtest error, or the joint model's
+    expected error of its k-seed prediction (its verdict's only flaw is that band: ``band_only``)."""
+    joint = any(hasattr(fc.verdict, "band_only") for fc in forecasts)
+    return "expected error" if joint else "backtest error"
 
 
 def decide_stop(
@@ -50,6 +61,18 @@ def decide_stop(
     """Stop when P(variant's final >= baseline's final - margin) < risk and both fits are predictable."""
     if not 0.0 < risk < 0.5:
         raise ValueError(f"risk must lie in (0, 0.5), e.g. 0.05; got {risk}")
+    no_band = [
+        f"the {who}'s curve gets no band ({'; '.join(fc.no_band)})"
+        for who, fc in (("variant", variant), ("baseline", baseline))
+        if getattr(fc, "no_band", None)
+    ]
+    if no_band:  # not a sigmoid: its draws are undefined, and no probability can rule the variant out
+        return StopDecision(
+            False,
+            "keep running: " + "; ".join(no_band) + ": not a sigmoid, so the fit cannot rule the variant out",
+            variant_final=float(variant.point([variant_budget])[0]),
+            baseline_final=float(baseline.point([baseline_budget])[0]),
+        )
     v = variant.mean_draws([variant_budget])[:, 0]
     b = baseline.mean_draws([baseline_budget])[:, 0]
     rng = np.random.default_rng(seed)
@@ -83,7 +106,7 @@ def decide_stop(
             out.stop = True
             out.reason = (
                 f"stop: P(final >= baseline - {margin:g}) = {robust:.3f} < risk {risk:g} even with the predictions "
-                f"moved towards each other by their backtest errors (+{e_v:.3f}, -{e_b:.3f}) "
+                f"moved towards each other by their {error_name(variant, baseline)}s (+{e_v:.3f}, -{e_b:.3f}) "
                 f"(predicted {out.variant_final:.3f} vs baseline {out.baseline_final:.3f})"
             )
             return out

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from scipy.interpolate import CubicSpline
 from scipy.stats import norm
 
 from scalefit.curve import sigmoid_residuals
@@ -60,7 +61,6 @@ from scalefit.pooled import (
     LOGB_GRID,
     TAU_GRID,
     CampaignFit,
-    _interp_rows,
     _normal_kernel,
     collapse_reason,
     fine_grid,
@@ -75,6 +75,7 @@ STRUCTURE_Z = 3.0
 MAX_BACKTESTS = 3
 BACKTEST_RESAMPLES = 120
 RESAMPLE_GRID = 15
+BOOT_FINE = 16  # the resamples' log B grid is interpolated (cubic) onto one this much finer
 MIN_BACKTESTS = 2  # a campaign whose extrapolation no backtest checked predicts nothing
 
 
@@ -186,7 +187,7 @@ def campaign_bootstrap(
     if pooled:
         taus = _tau_draws(cfit, rng, n_resamples)
         grid = _resample_grid(cfit, float(np.quantile(taus, 0.975)))
-        fine = fine_grid(grid)
+        fine = fine_grid(grid, BOOT_FINE)
         ll, args = {}, {}
         for v in pooled:
             f = cfit.fits[v]
@@ -195,8 +196,10 @@ def campaign_bootstrap(
             a_range, c_range = (f.a_grid.min(), f.a_grid.max()), (f.cmid_grid.min(), f.cmid_grid.max())
             Y = sims[v][:, f.used]
             sse, a, lcm = _profile_resamples(np.log(f.compute), Y, r0s[v], grid, a_range, c_range, start)
-            ll[v] = _interp_rows(grid, -(sse - sse.min(axis=1, keepdims=True)) / (2 * f.prior.temperature), fine)
-            args[v] = (a, lcm)
+            # smooth in log B: a cubic through the grid's profile, so the posterior's mode can fall between
+            # the grid's nodes (a linear interpolation peaks on a node: every draw of B on one of them)
+            ll[v] = CubicSpline(grid, -(sse - sse.min(axis=1, keepdims=True)) / (2 * f.prior.temperature), axis=1)(fine)
+            args[v] = (CubicSpline(grid, a, axis=1)(fine), CubicSpline(grid, lcm, axis=1)(fine))
         L = np.stack([ll[v] for v in pooled], axis=1)  # (R, V, nf)
         top = L.max(axis=-1, keepdims=True)
         mu = np.empty(n_resamples)
@@ -206,11 +209,13 @@ def campaign_bootstrap(
             mu[rows] = fine[np.argmax((marg + top[rows]).sum(axis=1), axis=1)]
         for j, v in enumerate(pooled):
             post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / taus[:, None]) ** 2
-            b = fine[np.argmax(post, axis=1)]
+            k = np.argmax(post, axis=1)
             a, lcm = args[v]
-            A = np.array([np.interp(b[i], grid, a[i]) for i in range(n_resamples)])
-            C = np.exp([np.interp(b[i], grid, lcm[i]) for i in range(n_resamples)])
-            out[v] = np.column_stack([A, np.exp(b), C, r0s[v]])
+            f = cfit.fits[v]
+            rows = np.arange(n_resamples)
+            A = np.clip(a[rows, k], f.a_grid.min(), f.a_grid.max())
+            C = np.exp(np.clip(lcm[rows, k], np.log(f.cmid_grid.min()), np.log(f.cmid_grid.max())))
+            out[v] = np.column_stack([A, np.exp(fine[k]), C, r0s[v]])
     for v in names:
         if v in out:
             continue

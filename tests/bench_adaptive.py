@@ -14,7 +14,10 @@ generated, as a share of the whole campaign (baseline included). The ceiling bes
 rule that knew the outcome would save — every worse variant stopped at the first decision point,
 nothing else — so a target above it cannot be met on that data without wrong stops.
 
-    python -m tests.bench_adaptive [--synthetic N] [--at 0.25 0.5] [--risk 0.05]
+Decisions follow ``--pooling`` as a campaign's ``fit.pooling`` does: ``partial`` (the default) fits
+the campaign's variants jointly at each point, ``none`` each variant alone.
+
+    python -m tests.bench_adaptive [--synthetic N] [--at 0.25 0.5] [--risk 0.05] [--pooling none]
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from runners.ops.adaptive import decide_at
-from runners.ops.campaign import Adaptive, X
+from runners.ops.campaign import FIT_DEFAULTS, POOLING, Adaptive, X
 from runners.ops.store import MEAN_AT_16
 from scalefit.curve import sigmoid
 from scalefit.synthetic import realistic_runs
@@ -71,29 +74,39 @@ def synthetic_campaign(i: int, rng: np.random.Generator) -> tuple[pd.DataFrame, 
 
 
 def replay(curves: pd.DataFrame, cfg: Adaptive, truth: dict[str, float] | None = None) -> pd.DataFrame:
-    """One row per variant: where (if anywhere) it would have been stopped, and whether rightly."""
+    """One row per variant: where (if anywhere) it would have been stopped, and whether rightly.
+
+    Decision points in order, as a live campaign meets them: a variant stopped at one point ends
+    there, so it has not reached the later ones and the joint model there leaves it out."""
     budgets = {v: float(g[X].max()) for v, g in curves.groupby("variant")}
     finals = {
         v: float(g.sort_values(X).groupby("seed")[MEAN_AT_16].last().mean()) for v, g in curves.groupby("variant")
     }
     planned = {v: budgets[v] * g["seed"].nunique() for v, g in curves.groupby("variant")}
-    rows, baselines = [], {}  # the baseline's forecast at each point serves every variant
-    for variant in sorted(set(curves["variant"]) - {"baseline"}):
-        row = {"variant": variant, "stopped_at": None, "reason": "", "probability": None}
-        for f in cfg.at:
-            d = decide_at(curves, variant, f, budgets, cfg, baselines)
-            row["reason"], row["probability"] = d.reason, d.probability
+    names = sorted(set(curves["variant"]) - {"baseline"})
+    rows = {v: {"variant": v, "stopped_at": None, "reason": "", "probability": None, "fit_model": ""} for v in names}
+    cache: dict = {}  # the fits at each point serve every variant decided there
+    seen = curves
+    for f in cfg.at:
+        for variant in names:
+            row = rows[variant]
+            if row["stopped_at"]:
+                continue
+            d = decide_at(seen, variant, f, budgets, cfg, cache)
+            row["reason"], row["probability"], row["fit_model"] = d.reason, d.probability, d.fit_model
             if d.stop:
                 row.update(stopped_at=f, predicted=d.variant_final, baseline_predicted=d.baseline_final)
-                break
+        stopped = seen["variant"].map(lambda v: rows[v]["stopped_at"] if v in rows else None)
+        ended = stopped.notna() & (seen[X] > stopped.fillna(1.0) * seen["variant"].map(budgets) * (1 + 1e-9))
+        seen = seen[~ended]  # a stopped variant's runs end at its stop
+    for variant, row in rows.items():
         worse = finals[variant] < finals["baseline"] - cfg.margin
         row.update(final=finals[variant], baseline_final=finals["baseline"], worse_observed=worse)
         if truth is not None:
             row["worse_true"] = truth[variant] < truth["baseline"] - cfg.margin
         row["saved"] = (1 - row["stopped_at"]) * planned[variant] if row["stopped_at"] else 0.0
         row["saved_if_known"] = (1 - min(cfg.at)) * planned[variant] if worse else 0.0
-        rows.append(row)
-    out = pd.DataFrame(rows)
+    out = pd.DataFrame(list(rows.values()))
     out.attrs["planned"] = sum(planned.values())
     return out
 
@@ -124,6 +137,12 @@ def main() -> None:
     p.add_argument("--at", type=float, nargs="+", default=[0.25, 0.5], help="decision points (fractions of the budget)")
     p.add_argument("--risk", type=float, default=0.05)
     p.add_argument("--margin", type=float, default=0.02)
+    p.add_argument(
+        "--pooling",
+        choices=POOLING,
+        default=FIT_DEFAULTS["pooling"],
+        help="partial: the campaign's joint model decides (the default); none: each variant fitted alone",
+    )
     p.add_argument("--out", default="artifacts/bench-adaptive")
     args = p.parse_args()
     out = Path(args.out)
@@ -134,7 +153,7 @@ def main() -> None:
     syn = []
     for i in range(args.synthetic):
         curves, truth = synthetic_campaign(i, rng)
-        cfg = Adaptive(args.at, args.margin, args.risk, eval_prompts=None, n_resamples=400)
+        cfg = Adaptive(args.at, args.margin, args.risk, eval_prompts=None, n_resamples=400, pooling=args.pooling)
         t = replay(curves, cfg, truth)
         syn.append(t)
         per_variant.append(t.assign(campaign=f"synthetic#{i}"))
@@ -149,7 +168,7 @@ def main() -> None:
         curves = pd.read_csv(path)
         if X not in curves or "baseline" not in set(curves["variant"]):
             continue
-        cfg = Adaptive(args.at, args.margin, args.risk, eval_prompts=None, n_resamples=400)
+        cfg = Adaptive(args.at, args.margin, args.risk, eval_prompts=None, n_resamples=400, pooling=args.pooling)
         t = replay(curves, cfg)
         per_variant.append(t.assign(campaign=path.parent.name))
         summaries.append(summarise(path.parent.name, [t], truth=False))
@@ -160,7 +179,8 @@ def main() -> None:
     print()
     print(table.to_string(index=False))
     print(
-        f"\nat {args.at}, margin {args.margin}, risk {args.risk}; per variant → {out}/decisions.csv "
+        f"\nat {args.at}, margin {args.margin}, risk {args.risk}, pooling {args.pooling}; "
+        f"per variant → {out}/decisions.csv "
         f"({time.perf_counter() - t0:.0f} s)"
     )
 

@@ -4,6 +4,7 @@ and a real tiny campaign that stops a planted hopeless variant at a checkpoint."
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -67,6 +68,62 @@ def test_a_variant_with_no_gain_is_stopped_once_the_baseline_has_made_its_gain()
     assert d.stop and d.reason.startswith("stop: no gain"), d.reason
     early = decide_at(curves, "flat", 0.05, budgets, cfg)  # the baseline has barely started: no verdict on anyone
     assert not early.stop, early.reason
+
+
+def test_the_joint_model_decides_by_default_and_pooling_none_fits_each_variant_alone():
+    """Several variants sharing B: at the decision point one joint fit of every variant that has
+    reached it (baseline included) decides for all of them, and says so; ``fit.pooling: none``
+    still fits the variant and the baseline each alone."""
+    from runners.ops.adaptive import PER_VARIANT
+
+    variants = {
+        "baseline": BASE,
+        "worse": (0.55, 2.0, 8_000.0),
+        "close": (0.695, 2.0, 8_000.0),
+        "later": (0.70, 2.0, 11_000.0),
+    }
+    curves = campaign_curves(variants)
+    budgets = {v: 40_000.0 for v in variants}
+    cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=1000, n_resamples=200)
+    assert cfg.pooling == "partial"
+    cache: dict = {}
+    worse = decide_at(curves, "worse", 0.5, budgets, cfg, cache)
+    close = decide_at(curves, "close", 0.5, budgets, cfg, cache)
+    assert worse.stop and worse.reason.startswith("stop: P(final >= baseline - 0.02)"), worse.reason
+    assert not close.stop, close.reason
+    for d in (worse, close):
+        assert d.fit_model.startswith("pooling partial: B pooled over 4 variants"), d.fit_model
+    assert len(cache) == 1  # the two decisions shared one joint fit of the four variants
+    ((cfit, fcs),) = cache.values()
+    assert set(fcs) == set(variants) and all(f.compute.max() <= 20_000.0 for f in cfit.fits.values())
+    assert fcs["worse"].target == 40_000.0  # forecast to the full budget
+
+    alone = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=1000, n_resamples=200, pooling="none")
+    d = decide_at(curves, "worse", 0.5, budgets, alone)
+    assert d.stop and d.fit_model == PER_VARIANT, d
+
+
+def test_a_curve_the_joint_model_gives_no_band_is_never_stopped_and_the_reason_says_why():
+    """A variant that rises then collapses ends far below the baseline, but it is not a sigmoid: the
+    joint model gives it no band, so the fitted rule keeps it running and says why."""
+    curves = campaign_curves({"baseline": BASE, "other": (0.68, 2.0, 8_000.0), "collapse": BASE})
+    late = (curves["variant"] == "collapse") & (curves[X] > 8_000.0)
+    curves.loc[late, MEAN_AT_16] -= 0.25 * (curves.loc[late, X] - 8_000.0) / 12_000.0
+    budgets = {v: 40_000.0 for v in ("baseline", "other", "collapse")}
+    d = decide_at(curves, "collapse", 0.5, budgets, Adaptive([0.5], eval_prompts=1000, n_resamples=200))
+    assert not d.stop and d.probability is None
+    assert "the variant's curve gets no band (rises then falls" in d.reason and "not a sigmoid" in d.reason, d.reason
+
+
+def test_the_adaptive_section_carries_the_fit_sections_pooling_and_last_k(tmp_path):
+    path = tmp_path / "c.yaml"
+    doc = {"name": "c", "baseline": "scalerl", "adaptive": {"at": [0.5]}}
+    path.write_text(json.dumps(doc))
+    camp = load_campaign(path)
+    assert (camp.adaptive.pooling, camp.adaptive.last_k, camp.adaptive.level) == ("partial", 3, 0.9)
+    path.write_text(json.dumps({**doc, "fit": {"pooling": "none", "last_k": 2, "level": 0.8}}))
+    camp = load_campaign(path)
+    assert (camp.adaptive.pooling, camp.adaptive.last_k, camp.adaptive.level) == ("none", 2, 0.8)
 
 
 @pytest.mark.parametrize(
@@ -204,14 +261,18 @@ def test_a_gap_far_beyond_the_backtest_error_stops_a_variant_that_is_not_predict
     """On the recorded GPU study: the think_12 control (0.16 below the baseline) has a backtest
     error above the margin, yet the gap survives moving both predictions by their errors; the
     lr_half control (before its knee, A on the grid edge) is never stopped on its fit; fp32=off,
-    close to the baseline, keeps running."""
+    close to the baseline, keeps running. That is the per-variant fit (``fit.pooling: none``); the
+    joint model's half-budget fit of this study has no backtest past the knee, so its extrapolation
+    is unchecked and it stops nothing on it."""
     from pathlib import Path
 
     curves = pd.read_csv(Path(__file__).parents[1] / "results/loo-gpu2/curves.csv")
     budgets = curves.groupby("variant")[X].max().to_dict()
-    cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=1000, n_resamples=400)
+    cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=1000, n_resamples=400, pooling="none")
     think = decide_at(curves, "control=think_12", 0.5, budgets, cfg)
     assert think.stop and "moved towards each other by their backtest errors" in think.reason, think.reason
+    joint = decide_at(curves, "control=think_12", 0.5, budgets, replace(cfg, pooling="partial"))
+    assert not joint.stop and "its extrapolation is unchecked" in joint.reason, joint.reason
     slow = decide_at(curves, "control=lr_half", 0.5, budgets, cfg)
     assert not slow.stop and "not yet predictable" in slow.reason
     close = decide_at(curves, "fp32=off", 0.5, budgets, cfg)
@@ -220,7 +281,8 @@ def test_a_gap_far_beyond_the_backtest_error_stops_a_variant_that_is_not_predict
 
 def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_its_backtest_error():
     """On the third GPU study: think_8 never rises (no sigmoid to fit) while the baseline, identified
-    but with a backtest error above the margin, is predicted far above it even after that error;
+    but with an expected error above the margin (the joint model's k-seed band wider than it), is
+    predicted far above it even after that error;
     lr_half (slower, same plateau) keeps running."""
     from pathlib import Path
 
@@ -228,7 +290,7 @@ def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_i
     budgets = curves.groupby("variant")[X].max().to_dict()
     cfg = Adaptive([0.5], margin=0.02, risk=0.05, eval_prompts=500, n_resamples=400)
     flat = decide_at(curves, "control=think_8", 0.5, budgets, cfg)
-    assert flat.stop and flat.reason.startswith("stop: no gain") and "after its backtest error" in flat.reason
+    assert flat.stop and flat.reason.startswith("stop: no gain") and "after its expected error" in flat.reason
     slow = decide_at(curves, "control=lr_half", 0.5, budgets, cfg)
     assert not slow.stop
 

@@ -204,3 +204,23 @@ def test_an_extrapolated_call_needs_a_bounded_asymptote_and_a_checked_extrapolat
     assert early.label == "cannot tell yet" and "extrapolation is unchecked" in early.reason, early
     late = call(20_000)  # well past the knee, extrapolated 2x: the 0.15 gap is called
     assert late.label == "worse" and late.hi < -0.02, late
+
+
+def test_the_bootstrap_draws_of_a_pooled_B_centre_on_its_fit_and_are_not_stuck_on_grid_nodes():
+    """The resamples' log B profile is coarse (15 nodes); a linear interpolation of it peaks on a
+    node, so every draw of a sharply pinned B fell on one node, off the fitted B, and A moved to make
+    up for it: a narrow band around the wrong centre. The draws must spread around the fit."""
+    rng = np.random.default_rng(2)
+    truth = {
+        f"v{i}": (10_000 * rng.uniform(0.7, 1.5), 2.0 * rng.choice([1.0, 0.6]), rng.uniform(0.55, 0.75))
+        for i in range(6)
+    }
+    df = campaign_runs(truth, seeds=2, c_max=60_000, n_points=21, drift_sd=0.005, seed_sd=0.005, seed=2)
+    cfit = _fit(df, fit_upto=30_000)
+    fcs = forecast_campaign(cfit, n_resamples=200, backtest=False)
+    assert len(cfit.pooled) == len(truth)
+    for v in truth:
+        b = fcs[v].samples[:, 1]
+        assert len(np.unique(np.round(b, 6))) >= 5, (v, np.unique(b))
+        assert abs(np.median(np.log(b)) - np.log(cfit.fits[v].B)) < 0.05, (v, np.median(b), cfit.fits[v].B)
+        assert abs(np.median(fcs[v].samples[:, 0]) - cfit.fits[v].A) < 0.01, v

@@ -1,13 +1,23 @@
-"""Adaptive campaigns: at decision points (fractions of the budget) fit each variant and the
-baseline on what they have run so far, and stop the variants the scaling law already rules out.
+"""Adaptive campaigns: at decision points (fractions of the budget) fit the campaign on what it
+has run so far, and stop the variants the scaling law already rules out.
 
 A campaign's ``adaptive: {at: [0.25, 0.5], margin: 0.02, risk: 0.05}`` turns it on. At each
-point, once every run of a variant and of the baseline has reached it, both are fitted on their
-points up to that fraction of their own budget (seeds pooled) and forecast to the full budget;
-``scalefit.decide_stop`` stops the variant when its final value is unlikely (< risk) to reach
-the baseline's minus the margin and both fits are predictable. The same ``decide_at`` serves the
-live campaign (curves read from MLflow) and the offline replay of recorded curves
-(``tests/bench_adaptive.py``).
+point, a variant is decided once every run of it and of the baseline has reached that point.
+The fit follows the campaign's ``fit.pooling``:
+
+- ``partial`` (the default, as ``analysis fit``): the joint model of ``scalefit.pooled`` /
+  ``scalefit.pooled_forecast`` over every variant (baseline included) whose runs have all reached
+  the point, each on its points up to that fraction of its own budget and forecast to its full
+  budget (B partially pooled, R0 shared, seeds the unit of uncertainty). The variants decided at
+  one point with the same variants reached share one joint fit. A variant the joint fit leaves
+  out (it cannot be fitted) goes to the no-gain rule below; one whose curve gets no band (not a
+  sigmoid) keeps running.
+- ``none``: the variant and the baseline each fitted alone (seeds pooled).
+
+``scalefit.decide_stop`` then stops the variant when its final value is unlikely (< risk) to reach
+the baseline's minus the margin and both forecasts are predictable; every decision records which
+fit took it (``StopDecision.fit_model``). The same ``decide_at`` serves the live campaign (curves
+read from MLflow) and the offline replay of recorded curves (``tests/bench_adaptive.py``).
 
 A stop is a file ``STOP`` in the run's folder: the run sees it at its next step, saves a
 checkpoint and ends; its MLflow run keeps its history and carries the decision as tags.
@@ -17,7 +27,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +40,11 @@ from scipy.stats import norm
 from runners.ops import store
 from runners.ops.campaign import STOP_FILE, Adaptive, X
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
+from scalefit.decide import error_name
 from scalefit.grids import parse_grid
+from scalefit.pooled_forecast import fit_and_forecast_campaign
+
+PER_VARIANT = "pooling none: each variant fitted on its own"  # as the LOO table's fit_model column says
 
 
 def upto(curves: pd.DataFrame, name: str, fraction: float, budget: float) -> pd.DataFrame:
@@ -38,9 +52,17 @@ def upto(curves: pd.DataFrame, name: str, fraction: float, budget: float) -> pd.
     return curves[(curves["variant"] == name) & (curves[X] <= fraction * budget * (1 + 1e-9))]
 
 
+def reached(curves: pd.DataFrame, name: str, fraction: float, budget: float, n_runs: int | None = None) -> bool:
+    """Whether every run of the variant (``n_runs``; default: every seed in ``curves``) has an
+    evaluation at or past ``fraction`` of its budget."""
+    g = curves[curves["variant"] == name]
+    n = g["seed"].nunique() if n_runs is None else n_runs
+    return n > 0 and g[g[X] >= fraction * budget * (1 - 1e-9)]["seed"].nunique() == n
+
+
 def forecast_at(curves: pd.DataFrame, name: str, fraction: float, budget: float, cfg: Adaptive):
-    """A variant's forecast to its budget from its points up to ``fraction`` of it; raises
-    ``FitError`` when they cannot be fitted yet."""
+    """A variant's forecast (fitted alone) to its budget from its points up to ``fraction`` of it;
+    raises ``FitError`` when they cannot be fitted yet."""
     g = upto(curves, name, fraction, budget)
     _, fc = fit_and_forecast(
         g[X],
@@ -55,36 +77,99 @@ def forecast_at(curves: pd.DataFrame, name: str, fraction: float, budget: float,
     return fc
 
 
+def joint_at(curves: pd.DataFrame, variants: Iterable[str], fraction: float, budgets: dict[str, float], cfg: Adaptive):
+    """The campaign's joint model at ``fraction``: ``variants`` fitted together, each on its points up
+    to that fraction of its own budget, forecast to its full budget. Returns (CampaignFit, forecasts)."""
+    order = sorted(variants, key=lambda v: (v != "baseline", v))
+    data = {}
+    for v in order:
+        g = upto(curves, v, fraction, budgets[v])
+        data[v] = (g[X].to_numpy(float), g[store.MEAN_AT_16].to_numpy(float), g["seed"].to_numpy())
+    return fit_and_forecast_campaign(
+        data,
+        pooling="partial",
+        fit_upto={v: fraction * budgets[v] for v in order},
+        a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
+        target={v: budgets[v] for v in order},
+        level=cfg.level,
+        eval_prompts=cfg.eval_prompts,
+        margin=cfg.margin,
+        n_resamples=cfg.n_resamples,
+        windows=tuple(sorted({1, cfg.last_k})),
+    )
+
+
 def decide_at(
     curves: pd.DataFrame,
     variant: str,
     fraction: float,
     budgets: dict[str, float],
     cfg: Adaptive,
-    baselines: dict[float, Any] | None = None,
+    cache: dict[Any, Any] | None = None,
+    included: Iterable[str] | None = None,
 ) -> StopDecision:
     """The decision for ``variant`` at ``fraction`` of the budget, from points up to that fraction only.
 
     curves: one row per evaluation with ``variant``, ``seed``, ``compute/samples`` and
     ``val/mean_at_16`` (as ``analysis`` writes ``curves.csv``); budgets: each variant's full
-    budget in completions. baselines: a cache of the baseline's forecast (or its ``FitError``)
-    by fraction, shared by the variants decided at the same point: once every baseline run has
-    passed a point, its points up to it no longer change.
+    budget in completions. cache: the fits shared by the variants decided at the same point (the
+    joint model by fraction and variants included, or the baseline's own forecast by fraction;
+    a ``FitError`` where it failed): once every run of a variant has passed a point, its points up
+    to it no longer change. included (``fit.pooling: partial``): the variants whose runs have all
+    reached the point (default: those of ``curves`` whose every seed has); the variant and the
+    baseline always are.
 
     Two ways to stop: the fitted rule (``scalefit.decide_stop``), and **no gain**: a variant that
     has not risen above its start (so no sigmoid can be fitted, and none ruled out) while the
     baseline has already made most of its predicted gain and is predicted to end above anything
     the variant has reached, by more than the margin. The baseline must be predictable, or
-    identified with only its backtest error above the margin: then its prediction is first
-    lowered by z(risk) x that error, as the fitted rule does.
+    identified with only its backtest error (joint model: the expected error of its k-seed
+    prediction) above the margin: then its prediction is first lowered by z(risk) x that error, as
+    the fitted rule does.
     """
-    baselines = {} if baselines is None else baselines
-    if fraction not in baselines:
+    cache = {} if cache is None else cache
+    if cfg.pooling == "none":
+        d = _decide_alone(curves, variant, fraction, budgets, cfg, cache)
+        d.fit_model = PER_VARIANT
+        return d
+    if included is None:
+        included = [v for v in budgets if v in set(curves["variant"]) and reached(curves, v, fraction, budgets[v])]
+    members = frozenset({*included, variant, "baseline"})
+    key = ("joint", fraction, members)
+    if key not in cache:
         try:
-            baselines[fraction] = forecast_at(curves, "baseline", fraction, budgets["baseline"], cfg)
+            cache[key] = joint_at(curves, members, fraction, budgets, cfg)
         except FitError as e:
-            baselines[fraction] = e
-    base = baselines[fraction]
+            cache[key] = e
+    model = cache[key]
+    if isinstance(model, FitError):
+        return StopDecision(False, f"keep running: the campaign's joint fit failed ({model})", fit_model="joint")
+    cfit, fcs = model
+    described = cfit.describe()
+    if "baseline" not in fcs:
+        why = cfit.failed.get("baseline", "not fitted")
+        return StopDecision(False, f"keep running: the baseline cannot be fitted yet ({why})", fit_model=described)
+    base = fcs["baseline"]
+    if variant not in fcs:
+        g = upto(curves, variant, fraction, budgets[variant])
+        d = _no_gain(g, base, fraction, budgets["baseline"], cfg, cfit.failed.get(variant, "not fitted"))
+    else:
+        d = decide_stop(fcs[variant], base, budgets[variant], budgets["baseline"], margin=cfg.margin, risk=cfg.risk)
+    d.fit_model = described
+    return d
+
+
+def _decide_alone(
+    curves: pd.DataFrame, variant: str, fraction: float, budgets: dict[str, float], cfg: Adaptive, cache: dict
+) -> StopDecision:
+    """``fit.pooling: none``: the variant and the baseline each fitted alone."""
+    key = ("baseline", fraction)
+    if key not in cache:
+        try:
+            cache[key] = forecast_at(curves, "baseline", fraction, budgets["baseline"], cfg)
+        except FitError as e:
+            cache[key] = e
+    base = cache[key]
     if isinstance(base, FitError):
         return StopDecision(False, f"keep running: the baseline cannot be fitted yet ({base})")
     try:
@@ -114,7 +199,7 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
     lo = float(np.percentile(baseline.mean_draws([budget])[:, 0], 100 * cfg.risk))
     verdict = baseline.verdict
     if verdict is not None and not verdict.predictable and verdict.error_only:
-        # identified, its only flaw a backtest error above the margin: as scalefit.decide_stop does,
+        # identified, its only flaw a backtest (joint: expected) error above the margin: as decide_stop does,
         # move its prediction down by z(risk) x that error before comparing
         lo -= float(norm.ppf(1.0 - cfg.risk)) * (baseline.expected_error or 0.0)
     base = StopDecision(False, "", variant_final=latest, baseline_final=b_final)
@@ -132,7 +217,7 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
         base.reason = (
             f"stop: no gain (mean@16 {start:.3f} -> {latest:.3f}) at {fraction:.0%} of the budget, while the baseline "
             f"has made {share:.0%} of its gain and ends above {lo:.3f} with probability {1 - cfg.risk:.0%}"
-            f"{'' if verdict.predictable else ' after its backtest error'} "
+            f"{'' if verdict.predictable else f' after its {error_name(baseline)}'} "
             f"(variant's best {best:.3f}, margin {cfg.margin:g})"
         )
     return base
@@ -154,7 +239,7 @@ class Monitor:
     exempt: set[str] = field(default_factory=set)  # variants resumed past a stop (--resume-stopped)
     decided: dict[tuple[str, float], StopDecision] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
-    _baselines: dict[float, Any] = field(default_factory=dict)  # the baseline's forecast at each point
+    _fits: dict[Any, Any] = field(default_factory=dict)  # decide_at's cache: the fits at each point
     _last: float = 0.0
 
     def __post_init__(self) -> None:
@@ -203,7 +288,8 @@ class Monitor:
                 continue
             if not all(self._reached(curves, v, f, budgets[v]) for v in (variant, "baseline")):
                 continue
-            d = decide_at(curves, variant, f, budgets, self.cfg, self._baselines)
+            included = [v for v in self.runs if self._reached(curves, v, f, budgets[v])]
+            d = decide_at(curves, variant, f, budgets, self.cfg, self._fits, included)
             self.log(f"adaptive: {variant} at {f:.0%} of its budget: {d.reason}")
             self._apply(variant, f, d)
 
@@ -221,10 +307,7 @@ class Monitor:
         return pd.DataFrame(rows, columns=["variant", "seed", "step", X, store.MEAN_AT_16])
 
     def _reached(self, curves: pd.DataFrame, variant: str, fraction: float, budget: float) -> bool:
-        g = curves[curves["variant"] == variant]
-        n_runs = len(self.runs[variant])
-        reached = g[g[X] >= fraction * budget * (1 - 1e-9)]["seed"].nunique()
-        return reached == n_runs
+        return reached(curves, variant, fraction, budget, len(self.runs[variant]))
 
     def saved(self) -> dict[str, float]:
         """Compute not spent on stopped runs: completions and (estimated) device-hours, and shares."""

@@ -95,17 +95,21 @@ def fit_settings(fit: dict[str, Any] | None) -> dict[str, Any]:
 @dataclass
 class Adaptive:
     """A campaign's ``adaptive:`` section: decision points (fractions of the budget), the
-    comparison margin and the risk of a wrong stop (``runners.ops.adaptive`` acts on it)."""
+    comparison margin and the risk of a wrong stop (``runners.ops.adaptive`` acts on it), with the
+    fit settings the decisions use from the campaign's ``fit:`` section (``fit_settings``)."""
 
     at: list[float]
-    margin: float = 0.02
+    margin: float = FIT_DEFAULTS["margin"]
     risk: float = 0.05
-    eval_prompts: int | None = None
-    a_grid: str = "0.05:1.0:0.005"
+    eval_prompts: int | None = FIT_DEFAULTS["eval_prompts"]
+    a_grid: str = FIT_DEFAULTS["a_grid"]
     n_resamples: int = 400
+    pooling: str = FIT_DEFAULTS["pooling"]  # partial: one joint fit of the campaign decides; none: one by one
+    last_k: int = FIT_DEFAULTS["last_k"]
+    level: float = FIT_DEFAULTS["level"]
 
     @classmethod
-    def parse(cls, spec: Any, fit: dict[str, Any]) -> Adaptive:
+    def parse(cls, spec: Any, fit: dict[str, Any] | None) -> Adaptive:
         if not isinstance(spec, dict) or "at" not in spec:
             raise CampaignError(f"adaptive = {spec!r}: expected {{at: [0.25, 0.5], margin: 0.02, risk: 0.05}}")
         unknown = set(spec) - {"at", "margin", "risk"}
@@ -118,19 +122,23 @@ class Adaptive:
             or any(isinstance(f, bool) or not isinstance(f, int | float) or not 0 < f < 1 for f in at)
         ):
             raise CampaignError(f"adaptive.at = {at!r}: expected fractions of the budget in (0, 1), e.g. [0.25, 0.5]")
-        margin, risk = spec.get("margin", fit.get("margin", 0.02)), spec.get("risk", 0.05)
+        cfg = fit_settings(fit)
+        margin, risk = spec.get("margin", cfg["margin"]), spec.get("risk", 0.05)
         if not isinstance(risk, int | float) or not 0 < risk < 0.5:
             raise CampaignError(f"adaptive.risk = {risk!r}: expected a probability in (0, 0.5), e.g. 0.05")
         if not isinstance(margin, int | float) or margin < 0:
             raise CampaignError(f"adaptive.margin = {margin!r}: expected a number >= 0, e.g. 0.02")
-        if fit.get("x", X) != X:
-            raise CampaignError(f"adaptive campaigns decide on fit.x = {X}; this campaign fits {fit['x']}")
+        if cfg["x"] != X:
+            raise CampaignError(f"adaptive campaigns decide on fit.x = {X}; this campaign fits {cfg['x']}")
         return cls(
             sorted(float(f) for f in at),
             float(margin),
             float(risk),
-            fit.get("eval_prompts"),
-            fit.get("a_grid", cls.a_grid),
+            cfg["eval_prompts"],
+            cfg["a_grid"],
+            pooling=cfg["pooling"],
+            last_k=cfg["last_k"],
+            level=float(cfg["level"]),
         )
 
 
