@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from runners.task.sizes import SIZES
 from runners.task.tasks import ArithmeticTask
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
@@ -380,7 +381,6 @@ def _require(cond: bool, msg: str) -> None:
 def validate(r: Recipe) -> None:
     """Cross-field checks; each message names the key, the value and the fix."""
     from runners.rl.rewards import NAMES  # noqa: PLC0415
-    from runners.task.basemodel import SIZES  # noqa: PLC0415 - avoid importing torch for parsing alone
 
     m, a, ln, b = r.model, r.algorithm, r.length, r.batch
     _require(

@@ -105,7 +105,8 @@ def test_a_change_to_the_build_code_is_reviewed_against_build_version():
     """The base-model cache and run identities trust BUILD_VERSION; a change to the code that decides
     what is built (not its comments or docstrings) fails here until someone decides whether the
     version must be bumped (stale cached models otherwise survive it) and records the fingerprint."""
-    from runners.task.basemodel import BUILD_FINGERPRINT, BUILD_VERSION, build_fingerprint
+    from runners.task.basemodel import build_fingerprint
+    from runners.task.sizes import BUILD_FINGERPRINT, BUILD_VERSION
 
     now = build_fingerprint()
     assert now == BUILD_FINGERPRINT, (
@@ -133,7 +134,7 @@ def test_base_model_is_cached_by_config(tiny_base, cache_dir):
     again = ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=pytest.fail)
     assert again == tiny_base and (again / "model.safetensors").stat().st_mtime_ns == stamp
     other = ArithmeticTask(max_operand=5)
-    from runners.task.basemodel import base_model_path
+    from runners.task.sizes import base_model_path
 
     assert base_model_path("tiny", other, cache_dir / "base-models") != tiny_base
 

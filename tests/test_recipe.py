@@ -66,8 +66,8 @@ def test_bad_recipes_fail_with_the_key_and_fix(overrides, message):
 
 
 def test_train_prompts_limits_the_rl_pool_but_not_the_base_model():
-    from runners.task.basemodel import build_key
     from runners.task.data import load_rows
+    from runners.task.sizes import build_key
     from runners.task.tokenizer import build_tokenizer
 
     full, small = load_recipe("scalerl"), load_recipe("scalerl", {"data.train_prompts": 100})

@@ -17,6 +17,7 @@ from typing import Any
 
 from runners.ops.store import COMPUTE_METRICS
 from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
+from runners.task.sizes import BUILD_VERSION
 from scalefit.errors import FitError
 from scalefit.grids import parse_grid
 
@@ -345,8 +346,6 @@ def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
 
 def code_version() -> str:
     """The code's part of a run's identity: the run version and the base model's build version."""
-    from runners.task.basemodel import BUILD_VERSION  # noqa: PLC0415 - parsing a campaign needs no torch
-
     return f"run{RUN_VERSION}-build{BUILD_VERSION}"
 
 

@@ -108,7 +108,7 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
     Packed runs that each found the cache empty would all build it at once (measured on an H200:
     416-550 s each for 4 concurrent builds against 118-146 s for one alone).
     """
-    from runners.task.basemodel import base_model_path
+    from runners.task.sizes import base_model_path
 
     users: dict[Path, list[RunSpec]] = {}
     for spec in todo:

@@ -237,7 +237,7 @@ class _Driver:
     def build_base_models(self, todo: list[RunSpec], root: Path) -> None:
         """Each distinct embedded base model missing from the cache is built once, by a job, before
         the runs that share it are submitted (runs that each found it missing would all build it)."""
-        from runners.task.basemodel import base_model_path
+        from runners.task.sizes import base_model_path
 
         users: dict[Path, RunSpec] = {}
         for spec in todo:

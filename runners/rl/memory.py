@@ -48,7 +48,7 @@ def model_dims(recipe: Recipe) -> Dims:
         h, n, a, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["vocab_size"]
         inter = cfg.get("intermediate_size", 4 * h)
     else:
-        from runners.task.basemodel import SIZES
+        from runners.task.sizes import SIZES
         from runners.task.tokenizer import build_tokenizer
 
         s = SIZES[recipe.model.size]

@@ -15,7 +15,6 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -24,18 +23,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llama
 from trl import SFTConfig, SFTTrainer
 
 from runners.rl.evaluation import evaluate
+from runners.task import sizes
+from runners.task.sizes import SIZES, base_model_path, build_key
 from runners.task.tasks import ArithmeticTask
 from runners.task.tokenizer import build_tokenizer
-
-BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes what gets built
-# build_fingerprint() when BUILD_VERSION was last reviewed: tests/test_embedded.py fails when the build
-# code changes until both are looked at (bump the version if what is built changes, then this)
-BUILD_FINGERPRINT = "95981ae85dcef8ad"
 
 
 def build_fingerprint() -> str:
     """Hash of the code that decides what a base-model build makes — the tokenizer and task modules,
-    ``ModelSize``, ``SIZES`` and ``_build`` — ignoring comments, docstrings and formatting."""
+    ``sizes.ModelSize``, ``sizes.SIZES`` and ``_build`` — ignoring comments, docstrings and formatting."""
     import ast  # noqa: PLC0415
     import inspect  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -50,10 +46,12 @@ def build_fingerprint() -> str:
                 node.body = body[1:] or [ast.Pass()]
         return tree
 
-    here = ast.parse(inspect.getsource(sys.modules[__name__]))
+    def nodes(module) -> list[ast.AST]:
+        return ast.parse(inspect.getsource(module)).body
+
     wanted = [
         n
-        for n in here.body
+        for n in nodes(sizes) + nodes(sys.modules[__name__])
         if (isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("ModelSize", "_build"))
         or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SIZES")
     ]
@@ -62,35 +60,6 @@ def build_fingerprint() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-@dataclass(frozen=True)
-class ModelSize:
-    hidden: int
-    layers: int
-    heads: int
-    intermediate: int
-    sft_steps: int
-    sft_batch: int
-    sft_lr: float
-
-
-SIZES: dict[str, ModelSize] = {
-    "tiny": ModelSize(hidden=64, layers=2, heads=4, intermediate=128, sft_steps=150, sft_batch=32, sft_lr=3e-3),
-    "small": ModelSize(hidden=128, layers=3, heads=4, intermediate=384, sft_steps=700, sft_batch=64, sft_lr=2e-3),
-    "medium": ModelSize(hidden=384, layers=6, heads=6, intermediate=1536, sft_steps=1500, sft_batch=256, sft_lr=1e-3),
-}
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("PRL_CACHE", "artifacts")) / "base-models"
-
-
-def build_key(size: str, task: ArithmeticTask) -> str:
-    spec = {"size": asdict(SIZES[size]), "task": task.to_dict(), "version": BUILD_VERSION}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def base_model_path(size: str, task: ArithmeticTask, cache_dir: Path | None = None) -> Path:
-    return (cache_dir or default_cache_dir()) / f"{size}-{build_key(size, task)}"
 
 
 def ensure_base_model(
