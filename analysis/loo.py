@@ -13,9 +13,9 @@ from mlflow.tracking import MlflowClient
 
 from analysis import evidence
 from analysis.planner import plan as seed_plan
+from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.ops import store
 from runners.ops.campaign import fit_settings
-from runners.ops.store import MEAN_AT_16, PASS_AT_16
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
 from scalefit.grids import parse_grid
 from scalefit.plot import plot_fits
@@ -23,7 +23,7 @@ from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import call_difference, forecast_campaign
 from scalefit.uncertainty import central_percentiles
 
-CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *store.COMPUTE_METRICS)
+CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
 WALL_CLOCK = "compute/gpu_hours"
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
-from runners.ops.store import MEAN_AT_16
+from runners.contract import MEAN_AT_16
 
 ALPHA = 0.05
 POWER = 0.8

@@ -19,8 +19,8 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.ops import store
-from runners.ops.store import MEAN_AT_16, PASS_AT_16
 
 TRUNCATION_LIMIT = 0.10  # the paper's instability signal: more than 10% of completions hit the length limit
 ENTROPY_COLLAPSE = 0.10  # entropy below 10% of its starting level
@@ -229,7 +229,7 @@ def find_anomalies(h: dict[str, pd.Series], n_val_prompts: int = 0) -> list[Find
     if MEAN_AT_16 in h:
         found += validation_regressions(h[MEAN_AT_16], n_val_prompts)
     found += nonfinite(h)
-    for key in store.COMPUTE_METRICS:
+    for key in COMPUTE_METRICS:
         if key in h:
             found += compute_backwards(h[key], key)
     return found

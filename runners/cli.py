@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from runners.ops.campaign import CampaignError, load_campaign
-from runners.ops.folders import RunFolderError, check_writable
 from runners.ops.locks import Busy, die_with_parent
 from runners.ops.postgres import PostgresError
 from runners.ops.servers import ServerError
 from runners.ops.store import StoreError
 from runners.recipe import RecipeError, load_recipe, parse_override
+from runners.runfolder import RunFolderError, check_writable
 
 
 def _recipe(args: argparse.Namespace):
@@ -114,7 +114,8 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) 
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from runners.ops.runfolder import default_run_dir, writer
+    from runners.ops.locks import writer
+    from runners.runfolder import default_run_dir
 
     recipe = _recipe(args)  # validates before any process is launched
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(recipe)
@@ -128,8 +129,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
-    from runners.ops.runfolder import finished
     from runners.rl.train import train
+    from runners.runfolder import finished
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate only rank 0 prints and tracks
 
@@ -183,8 +184,8 @@ def _single_run(recipe, run_dir: Path, experiment: str) -> tuple[str, bool]:
     resumes, as the folder does), else a new one; and whether it is done."""
     from mlflow.tracking import MlflowClient
 
+    from runners.identity import run_key
     from runners.ops import store
-    from runners.ops.campaign import run_key
     from runners.ops.campaign_runs import new_run
 
     client = MlflowClient(store.default_tracking_uri())

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from runners.contract import MEAN_AT_16
 from runners.ops.adaptive import decide_at
 from runners.ops.campaign import FIT_DEFAULTS, POOLING, Adaptive, X
-from runners.ops.store import MEAN_AT_16
 from scalefit.curve import sigmoid
 from scalefit.synthetic import realistic_runs
 

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from runners.contract import MEAN_AT_16
 from runners.ops.adaptive import decide_at
 from runners.ops.campaign import Adaptive, CampaignError, X, load_campaign
-from runners.ops.store import MEAN_AT_16
 from scalefit.synthetic import realistic_runs
 
 

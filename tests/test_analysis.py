@@ -108,6 +108,7 @@ def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
+    from runners.contract import MEAN_AT_16
     from runners.ops import store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -119,7 +120,7 @@ def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
         points = [(s, 0.4 + s / 200) for s in range(0, steps + 1, 10)]
         client.log_batch(
             rid,
-            metrics=[Metric(store.MEAN_AT_16, v, 0, s) for s, v in points]
+            metrics=[Metric(MEAN_AT_16, v, 0, s) for s, v in points]
             + [Metric("compute/samples", 128.0 * s, 0, s) for s, _ in points],
         )
     said: list[str] = []

@@ -76,7 +76,7 @@ def test_a_full_disk_message_names_the_folder_and_keeps_other_errors(tmp_path):
     folder's filesystem is (nearly) full; any other error is left alone."""
     import errno
 
-    from runners.ops.folders import disk_full
+    from runners.runfolder import disk_full
 
     with tmpfs(tmp_path / "disk", 1024) as disk:
         try:
@@ -130,8 +130,8 @@ def test_an_untracked_rerun_with_nothing_to_resume_says_what_to_do(tiny_base, tm
     """Evaluations up to step 2 and a checkpoint-2 whose save was cut short (no prl_state.json),
     as a failed checkpoint leaves them: one line naming the folder and the way out."""
     from runners.cli import main
-    from runners.ops.runfolder import claim
     from runners.recipe import load_recipe
+    from runners.runfolder import claim
 
     run = tmp_path / "run"
     run.mkdir()
@@ -188,9 +188,9 @@ def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
     """A full disk cuts an evaluation's line in metrics.jsonl and samples.jsonl; after space is
     freed the re-run's line for that step starts on a line of its own, so readers skip only the
     cut one (before, the two were glued into one unreadable line and the step was lost)."""
-    from runners.ops.folders import append_json_line
     from runners.ops.tracking import samples_table
     from runners.rl.train import metric_records
+    from runners.runfolder import append_json_line
 
     pad = "x" * 2500
     with tmpfs(tmp_path / "disk", 8) as disk:  # two pages: one a file

@@ -15,11 +15,12 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from analysis.locate import PROJECT_ROOT, find_store
+from runners.contract import COMPUTE_METRICS
 from runners.ops import store
 from runners.ops.store import StoreError
 
 PUBLISHED = PROJECT_ROOT / "results" / "loo-gpu" / "curves.csv"  # 20 runs, 13 evaluations each: fits to check
-METRICS = ("val/mean_at_16", "val/pass_at_16", *store.COMPUTE_METRICS)
+METRICS = ("val/mean_at_16", "val/pass_at_16", *COMPUTE_METRICS)
 
 
 def store_from_curves(csv: Path, uri: str, name: str) -> None:

@@ -101,8 +101,8 @@ def test_single_runs_with_other_settings_never_share_a_folder_untracked(tiny_bas
 def test_a_folder_of_another_run_is_refused_naming_the_keys(tmp_path):
     """A longer budget or another setting is another run; a folder written before identity files
     existed is judged by its recipe.yaml; a run's own folder is accepted again."""
-    from runners.ops.runfolder import RunFolderError, claim
     from runners.recipe import load_recipe
+    from runners.runfolder import RunFolderError, claim
 
     four = load_recipe("scalerl", {"train.steps": 4})
     six = load_recipe("scalerl", {"train.steps": 6, "algorithm.loss": "dapo"})

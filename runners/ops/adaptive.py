@@ -37,8 +37,9 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 from scipy.stats import norm
 
+from runners.contract import MEAN_AT_16, STOP_FILE
 from runners.ops import store
-from runners.ops.campaign import STOP_FILE, Adaptive, X
+from runners.ops.campaign import Adaptive, X
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
 from scalefit.decide import error_name
 from scalefit.grids import parse_grid
@@ -66,7 +67,7 @@ def forecast_at(curves: pd.DataFrame, name: str, fraction: float, budget: float,
     g = upto(curves, name, fraction, budget)
     _, fc = fit_and_forecast(
         g[X],
-        g[store.MEAN_AT_16],
+        g[MEAN_AT_16],
         runs=g["seed"],
         a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
         target=budget,
@@ -84,7 +85,7 @@ def joint_at(curves: pd.DataFrame, variants: Iterable[str], fraction: float, bud
     data = {}
     for v in order:
         g = upto(curves, v, fraction, budgets[v])
-        data[v] = (g[X].to_numpy(float), g[store.MEAN_AT_16].to_numpy(float), g["seed"].to_numpy())
+        data[v] = (g[X].to_numpy(float), g[MEAN_AT_16].to_numpy(float), g["seed"].to_numpy())
     return fit_and_forecast_campaign(
         data,
         pooling="partial",
@@ -188,7 +189,7 @@ BASELINE_GAIN_SHARE = 0.5  # the baseline must have made at least this share of 
 def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Adaptive, why: str) -> StopDecision:
     """The variant could not be fitted: stop it only if it shows no gain at all while the
     (predictable) baseline has made most of its own and will end clearly above the variant."""
-    by_seed = g.sort_values(X).groupby("seed")[store.MEAN_AT_16]
+    by_seed = g.sort_values(X).groupby("seed")[MEAN_AT_16]
     start = float(by_seed.first().mean())
     latest = float(by_seed.apply(lambda v: v.tail(3).mean()).mean())  # the last three evaluations, seeds averaged
     best = float(by_seed.max().max())
@@ -297,14 +298,14 @@ class Monitor:
         rows = []
         for variant, members in self.runs.items():
             for seed, (run_id, _, _) in enumerate(members):
-                y = store.history(self.client, run_id, store.MEAN_AT_16)
+                y = store.history(self.client, run_id, MEAN_AT_16)
                 x = store.history(self.client, run_id, X)
-                both = pd.concat([x, y], axis=1, keys=[X, store.MEAN_AT_16]).dropna()
+                both = pd.concat([x, y], axis=1, keys=[X, MEAN_AT_16]).dropna()
                 rows += [
-                    {"variant": variant, "seed": seed, "step": int(s), X: r[X], store.MEAN_AT_16: r[store.MEAN_AT_16]}
+                    {"variant": variant, "seed": seed, "step": int(s), X: r[X], MEAN_AT_16: r[MEAN_AT_16]}
                     for s, r in both.iterrows()
                 ]
-        return pd.DataFrame(rows, columns=["variant", "seed", "step", X, store.MEAN_AT_16])
+        return pd.DataFrame(rows, columns=["variant", "seed", "step", X, MEAN_AT_16])
 
     def _reached(self, curves: pd.DataFrame, variant: str, fraction: float, budget: float) -> bool:
         return reached(curves, variant, fraction, budget, len(self.runs[variant]))

@@ -9,37 +9,27 @@ Running one is ``runners.ops.campaign_runs`` (MLflow bookkeeping) with a schedul
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runners.ops.store import COMPUTE_METRICS
+from runners.contract import COMPUTE_METRICS
+from runners.identity import run_key
 from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
-from runners.task.sizes import BUILD_VERSION
 from scalefit.errors import FitError
 from scalefit.grids import parse_grid
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
-# The code's part of a run's identity. Bump it when a change alters what a run with the same
-# recipe produces (training, evaluation, compute accounting or the embedded base model); a
-# finished run is reused only while its recipe and this version are unchanged. Refactors,
-# fixes elsewhere and new options that default to the old behaviour leave it alone.
-RUN_VERSION = 2
-
-
 class CampaignError(ValueError):
     """A campaign file, its expansion or its launch is wrong; the message names the fix."""
 
 
-STOP_FILE = "STOP"  # in a run's folder: the run ends at its next step, at a checkpoint (runners.ops.adaptive)
 X = "compute/samples"  # adaptive decisions compare budgets in completions generated, whatever the machine load
 
 # A campaign's ``fit:`` section: how analysis fits and judges its curves.
 FIT_DEFAULTS: dict[str, Any] = {
-    "x": X,  # the compute axis: one of store.COMPUTE_METRICS
+    "x": X,  # the compute axis: one of COMPUTE_METRICS
     "exclude_below": None,  # fit only points at or above this compute
     "a_grid": "0.05:1.0:0.005",  # LO:HI:STEP of the grid over the asymptote A
     "margin": 0.02,  # the paper's margin on A, and a prediction's target accuracy
@@ -342,18 +332,6 @@ def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
         if any(_same(v, s) for s in seen):
             raise CampaignError(f"{p}: {what} lists {v!r} twice; each value names one run")
         seen.append(v)
-
-
-def code_version() -> str:
-    """The code's part of a run's identity: the run version and the base model's build version."""
-    return f"run{RUN_VERSION}-build{BUILD_VERSION}"
-
-
-def run_key(recipe: Recipe, **context: str) -> str:
-    """Identity of a run: hash of the fully resolved recipe (seed included), ``code_version()`` and
-    any context that also names it (a single run's folder)."""
-    blob = json.dumps({"recipe": recipe.to_dict(), "code": code_version(), **context}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:

@@ -22,13 +22,13 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from runners.contract import STOP_FILE
+from runners.identity import code_version
 from runners.ops import store, ui
 from runners.ops.campaign import (
-    STOP_FILE,
     Campaign,
     CampaignError,
     RunSpec,
-    code_version,
     expand,
     fit_settings,
     fmt_value,

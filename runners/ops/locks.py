@@ -22,6 +22,9 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from runners.recipe import Recipe
+from runners.runfolder import claim
+
 #: Set in the environment of a process a campaign starts: the starter's pid. The child, on
 #: Linux, asks the kernel to kill it when that parent dies (``die_with_parent``).
 PARENT_ENV = "PRL_DIE_WITH_PARENT"
@@ -106,3 +109,17 @@ def die_with_parent() -> None:
     set_parent_death_signal()
     if starter is not None and os.getppid() != int(starter):
         os._exit(1)  # the campaign is already gone
+
+
+LOCK_FILE = "train.lock"  # in a run's folder, held by the process that trains it
+
+
+@contextlib.contextmanager
+def writer(run_dir: Path, recipe: Recipe) -> Iterator[None]:
+    """Be the one process that trains ``run_dir``, for the block: its lock (or ``locks.Busy``
+    naming the holder), then its identity (``runners.runfolder.claim``)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    advice = "wait for it to finish, or stop it and re-run (the run resumes from its last checkpoint)"
+    with hold(run_dir / LOCK_FILE, f"run folder {run_dir.resolve()}", advice):
+        claim(run_dir, recipe)
+        yield

@@ -3,7 +3,7 @@ queries everyone needs (the default store, a campaign's runs and its parent run,
 history as a pandas Series).
 
 Runners write through these names and analysis reads through them; no other module spells a
-``prl.*`` tag or the validation metric's name.
+``prl.*`` tag. The metric names are ``runners.contract``'s.
 """
 
 from __future__ import annotations
@@ -46,12 +46,6 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Tags of a campaign's parent run.
 KIND = "prl.kind"  # "campaign"
 
-# Metrics every run logs at step 0 and every eval.every steps.
-MEAN_AT_16 = "val/mean_at_16"
-PASS_AT_16 = "val/pass_at_16"
-# The compute axes logged beside them (a fit's x): device-hours (wall-clock × devices),
-# completions generated, tokens processed, and FLOPs estimated from them.
-COMPUTE_METRICS = ("compute/gpu_hours", "compute/samples", "compute/tokens", "compute/flops")
 
 
 def default_tracking_uri() -> str:

@@ -28,6 +28,7 @@ import psutil
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
+from runners.contract import MEAN_AT_16
 from runners.ops import servers, store
 
 #: A server that does tracking only: MLflow's job runner (huey consumers for GenAI features,
@@ -238,7 +239,7 @@ class MlflowSink:
     def __init__(self, client: MlflowClient, run_id: str, log=print) -> None:
         self.client, self.run_id, self.log = client, run_id, log
         self.last_train_step = max((m.step for m in client.get_metric_history(run_id, "train/loss")), default=-1)
-        self.val_steps = {m.step for m in client.get_metric_history(run_id, store.MEAN_AT_16)}
+        self.val_steps = {m.step for m in client.get_metric_history(run_id, MEAN_AT_16)}
 
     def backfill(self, records: list[dict]) -> int:
         """Log the evaluations the run's ``metrics.jsonl`` holds (``runners.rl.train.metric_records``)
@@ -270,7 +271,7 @@ class MlflowSink:
                 time.sleep(delay)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
-        is_val = store.MEAN_AT_16 in metrics
+        is_val = MEAN_AT_16 in metrics
         if (is_val and step in self.val_steps) or (not is_val and step <= self.last_train_step):
             return
         now = int(time.time() * 1000)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from mlflow.tracking import MlflowClient
 
+from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.ops import store
 
 VIEW_KEY = "prl-curves"  # the saved view's id: tag mlflow.sharedViewState.prl-curves, URL viewStateShareKey=
@@ -34,7 +35,7 @@ CHILD_RUNS = f"tags.`{store.VARIANT}` != ''"  # a campaign's runs, not its paren
 # metrics every run logs (their chart sections are known before the first run logs anything)
 NOTE = "mlflow.note.content"  # MLflow's description of an experiment (Markdown, shown above its runs)
 DESCRIPTION_START = "**The LOO fit**"  # how a description this module wrote begins
-RUN_METRICS = (store.MEAN_AT_16, *store.COMPUTE_METRICS, "train/loss", "train/time/x", "train/memory/x", "system/x")
+RUN_METRICS = (MEAN_AT_16, *COMPUTE_METRICS, "train/loss", "train/time/x", "train/memory/x", "system/x")
 
 
 def _line_chart(uuid: str, metric: str, x: str, title: str) -> dict:
@@ -96,8 +97,8 @@ def view_state(x: str, metrics: Iterable[str] = ()) -> dict:
             *({"uuid": f"prl-{name}", "name": name, "display": False, "isReordered": True} for name in others),
         ],
         "compareRunCharts": [
-            _line_chart("prl-mean-at-16", store.MEAN_AT_16, x, f"mean@16 vs {label}"),
-            _line_chart("prl-pass-at-16", store.PASS_AT_16, x, f"pass@16 vs {label}"),
+            _line_chart("prl-mean-at-16", MEAN_AT_16, x, f"mean@16 vs {label}"),
+            _line_chart("prl-pass-at-16", PASS_AT_16, x, f"pass@16 vs {label}"),
         ],
         "isAccordionReordered": True,  # sections the UI adds for other metrics go after this one
         "hideEmptyCharts": True,

@@ -8,7 +8,7 @@ far. A killed run resumes from its newest complete and readable checkpoint (one 
 which one and why newer ones were skipped; evaluations already recorded are not recorded
 twice. A run that has history but no such checkpoint is never restarted from step 0 into that
 history: ``ResumeError`` says so (``tracking.tracked_train`` then starts it over as a new
-MLflow run). The folder belongs to one run (``runners.ops.runfolder``): another run's folder is
+MLflow run). The folder belongs to one run (``runners.runfolder``): another run's folder is
 refused, and a finished run (``done.json``, or its last step checkpointed) trains no further step.
 """
 
@@ -31,10 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
-from runners.ops.campaign import STOP_FILE
-from runners.ops.folders import RunFolderError, append_json_line, check_writable, disk_full
-from runners.ops.runfolder import DONE_FILE, claim, finished
-from runners.ops.store import MEAN_AT_16, PASS_AT_16
+from runners.contract import DONE_FILE, MEAN_AT_16, PASS_AT_16, STOP_FILE
 from runners.recipe import Recipe, RecipeError
 from runners.rl.evaluation import evaluate
 from runners.rl.memory import check_fits, estimate, largest_part
@@ -43,6 +40,7 @@ from runners.rl.profiling import PhaseProfiler
 from runners.rl.rewards import CONFIGURED, reward_function
 from runners.rl.sharding import Layout, full_parameters, save_full_model
 from runners.rl.trainer import ScaleRLTrainer
+from runners.runfolder import RunFolderError, append_json_line, check_writable, claim, disk_full, finished
 from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
 from runners.task.data import load_rows, task_of
 

@@ -1,0 +1,28 @@
+"""A run's identity: the fully resolved recipe under a code version. Campaigns key their runs by
+it, a single run's folder is named by it, and a finished run is reused only while it is unchanged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from runners.recipe import Recipe
+from runners.task.sizes import BUILD_VERSION
+
+# The code's part of a run's identity. Bump it when a change alters what a run with the same
+# recipe produces (training, evaluation, compute accounting or the embedded base model); a
+# finished run is reused only while its recipe and this version are unchanged. Refactors,
+# fixes elsewhere and new options that default to the old behaviour leave it alone.
+RUN_VERSION = 2
+
+
+def code_version() -> str:
+    """The code's part of a run's identity: the run version and the base model's build version."""
+    return f"run{RUN_VERSION}-build{BUILD_VERSION}"
+
+
+def run_key(recipe: Recipe, **context: str) -> str:
+    """Identity of a run: hash of the fully resolved recipe (seed included), ``code_version()`` and
+    any context that also names it (a single run's folder)."""
+    blob = json.dumps({"recipe": recipe.to_dict(), "code": code_version(), **context}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
