@@ -184,10 +184,12 @@ class CurveModel:
 
 def make_model(name: str | CurveModel = "sigmoid", **settings: Any) -> CurveModel:
     """A model by its ``fit.model`` name (``sigmoid`` or ``power_law``) with these settings; settings
-    that are None are left at the model's defaults. A ``CurveModel`` passes through (settings applied
-    to a clone)."""
+    that are None are left at the model's defaults, and settings the model does not take (the
+    sigmoid's ``cmid_grid`` for the power law) are ignored. A ``CurveModel`` passes through as a
+    clone with the settings applied."""
     if isinstance(name, CurveModel):
-        return name.clone(**{k: v for k, v in settings.items() if v is not None})
+        known = name.get_params()
+        return name.clone(**{k: v for k, v in settings.items() if v is not None and k in known})
     if name == "sigmoid":
         from scalefit.fit import SigmoidModel as cls
     elif name == "power_law":
