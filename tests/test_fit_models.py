@@ -3,6 +3,8 @@ refits, identified(), the forecast and the comparison; the whole LOO path with e
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analysis.loo import write_fit
-from runners.ops.campaign import CampaignError, fit_settings
+from runners.ops.campaign import CampaignError, fit_settings, load_campaign
 from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model
 from scalefit.synthetic import synthetic_curve
 from tests.test_analysis import X, curves
@@ -122,3 +124,16 @@ def test_fit_model_setting_errors_name_the_choices_and_the_fix(fit, message):
 def test_fit_model_defaults_to_the_sigmoid_and_accepts_the_power_law_fitted_alone():
     assert fit_settings(None)["model"] == "sigmoid"
     assert fit_settings({"model": "power_law", "pooling": "none"})["model"] == "power_law"
+
+
+def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads(tmp_path: Path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\nbaseline: scalerl\nfit: {model: power_law, pooling: partial}\n")
+    with pytest.raises(CampaignError, match=r"pools the sigmoid's B only; set fit\.pooling: none$"):
+        load_campaign(path)
+    r = subprocess.run(
+        [sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True, text=True
+    )
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "set fit.pooling: none" in r.stderr
+    path.write_text("name: x\nbaseline: scalerl\nfit: {model: power_law, pooling: none}\n")
+    assert load_campaign(path).fit["model"] == "power_law"
