@@ -18,6 +18,7 @@ from runners.ops import store
 from runners.ops.campaign import fit_settings
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
 from scalefit.grids import parse_grid
+from scalefit.model import make_model
 from scalefit.plot import plot_fits
 from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import call_difference, forecast_campaign
@@ -149,6 +150,7 @@ def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int,
         eval_prompts=cfg["eval_prompts"],
         margin=cfg["margin"],
         n_resamples=n_boot,
+        model=cfg["model"],
     )
 
 
@@ -214,7 +216,8 @@ def campaign_model(
                 )
             except FitError as e:
                 failed[v] = f"no fit: {e}"
-        return Model(fits, fcs, failed, "pooling none: each variant fitted on its own", budgets, upto or {}, no_share)
+        how = "pooling none: each variant fitted on its own" + _model_note(cfg["model"])
+        return Model(fits, fcs, failed, how, budgets, upto or {}, no_share)
     data = {v: (g[x].to_numpy(), g[y].to_numpy(), g["seed"].to_numpy()) for v, g in groups.items() if v not in failed}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -268,24 +271,22 @@ def fit_table(
             rows.append({**row, "note": model.failed.get(variant, "no fit")})
             continue
         f, fc = fits[variant], fcs[variant]
-        lo, hi = fc.interval("A")
+        row["model"] = f.name
+        row.update(f.params)  # the model's own parameters: A, B, C_mid (sigmoid); A, D, B (power law)
+        if f.has_asymptote:
+            row["A_lo"], row["A_hi"] = fc.interval("A")
         row.update(
-            A=f.A,
-            A_lo=lo,
-            A_hi=hi,
-            B=f.B,
-            C_mid=f.C_mid,
-            R0=f.R0,
+            R0=getattr(f, "R0", np.nan),
             sse=f.sse,
-            a_at_edge=f.a_at_edge,
-            b_at_bound=f.b_at_bound,
+            a_at_edge=getattr(f, "a_at_edge", False),
+            b_at_bound=getattr(f, "b_at_bound", False) or any(r.startswith("B =") for r in f.not_identified),
             pooled=_pooled_label(f),
             predictable=fc.verdict.predictable,
             predictability=fc.verdict.text(),
             expected_error=fc.expected_error,
             note="; ".join(filter(None, [*f.warnings, getattr(f, "pool_note", "")])),
         )
-        if g["seed"].nunique() > 1:
+        if g["seed"].nunique() > 1 and f.name == "sigmoid":  # the paper's run-to-run spread of A
             try:
                 per_seed = {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}
                 spread = seed_spread(per_seed, exclude_below=cfg["exclude_below"], a_grid=a_grid).to_dict()
@@ -324,6 +325,11 @@ def fit_table(
     table = table.merge(_resolvable(curves, x, cfg), on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
     return table, {"fits": fits, "forecasts": fcs, "model": model, "half": half}
+
+
+def _model_note(model: str) -> str:
+    """How a fit model other than the sigmoid is named in the table's ``fit_model``."""
+    return "" if model == "sigmoid" else f"; fit model {model.replace('_', ' ')}"
 
 
 def _pooled_label(f: Any) -> str:
@@ -480,6 +486,17 @@ def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
     if c.rule == "undecided":
         return c.verdict
     level = f"{base.level:.0%}"
+    if c.rule == "value":  # no asymptote to compare (a power law): the predicted values at the budget
+        d = c.value_candidate - c.value_baseline
+        where = f"predicted value at the budget {c.budget:.4g} (no asymptote to compare)"
+        if c.winner == "tie" and abs(d) <= base.margin:
+            return f"no measurable difference: same {where} within ±{base.margin} (Δ {d:+.3f})"
+        text = f"{'better' if d > 0 else 'worse'} {where}: Δ {d:+.3f}"
+        if c.delta_value_interval is not None:
+            d_lo, d_hi = c.delta_value_interval
+            text += f", {level} interval [{d_lo:+.3f}, {d_hi:+.3f}]"
+            text += ": not significant" if d_lo <= 0 <= d_hi else ""
+        return text
     if c.winner == "tie" and c.rule == "B":
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
     if c.rule == "B" and hasattr(base, "target_draws") and hasattr(cand, "target_draws") and not cand.no_band:
@@ -528,21 +545,31 @@ def to_markdown(table: pd.DataFrame) -> str:
     models = [m for m in table.get("fit_model", pd.Series(dtype=object)).dropna().unique() if m]
     if models:
         lines += [f"Fit: {models[0]}.", ""]
+    fitted = table.get("model", pd.Series(dtype=object)).dropna()
+    names = make_model(fitted.iloc[0] if len(fitted) else "sigmoid").param_names  # the table's columns
+    heads = ["A [interval]" if p == "A" and "A_lo" in table else p for p in names]
     lines += [
-        "| variant | A [interval] | B | C_mid | final mean@16 (last " + str(k) + ") | predictable? "
+        f"| variant | {' | '.join(heads)} | final mean@16 (last " + str(k) + ") | predictable? "
         "| verdict vs baseline | call at half the budget → at the budget | measured at the budget (95%, seeds; "
         f"last {k}) | measured at half the budget | resolvable Δ (80%; last {k}) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|" + "---|" * len(names) + "---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
-        a = (
-            f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
-            if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
-            else (f"{r['A']:.3f} (no band)" if "A" in r and not pd.isna(r.get("A")) else r.get("note", ""))
-        )
-        if r.get("a_at_edge") is True:
-            a += " (grid edge)"
-        b = fmt(r.get("B"), ".2f") + (" (bound)" if r.get("b_at_bound") is True else "")
+        cells = []
+        for p in names:
+            if p == "A":
+                a = (
+                    f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
+                    if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
+                    else (f"{r['A']:.3f}" + (" (no band)" if "A_lo" in r else "") if not pd.isna(r.get("A")) else "")
+                )
+                cells.append(a + (" (grid edge)" if r.get("a_at_edge") is True else ""))
+            elif p == "B":
+                cells.append(fmt(r.get("B"), ".2f") + (" (bound)" if r.get("b_at_bound") is True else ""))
+            else:
+                cells.append(fmt(r.get(p), ".3g"))
+        if pd.isna(r.get(names[0])):  # no fit: the first parameter's cell says why
+            cells[0] = r.get("note", "")
         pred = r.get("predictability", "")
         pred = "" if not isinstance(pred, str) else pred
         verdict = r.get("verdict", "")
@@ -568,7 +595,7 @@ def to_markdown(table: pd.DataFrame) -> str:
         if not pd.isna(r.get("resolvable", np.nan)):
             res = f"{r['resolvable']:.3f} ({r['resolvable_last_k']:.3f})"
         lines.append(
-            f"| {r['variant']} | {a} | {b} | {fmt(r.get('C_mid'), '.3g')} | {final} | {pred} | {verdict} | {calls} | "
+            f"| {r['variant']} | {' | '.join(cells)} | {final} | {pred} | {verdict} | {calls} | "
             f"{measured} | {half} | {res} |"
         )
     return "\n".join(lines) + "\n"
@@ -617,7 +644,7 @@ def extrapolation_check(
         seeds = len(last)
         pred = float(f.predict(np.array([x_end]))[0])
         pred_k = float(f.predict(x_tail).mean())
-        row.update(A_half=f.A, predicted=pred, error=pred - observed)
+        row.update(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - observed)
         row[f"predicted_last{k}"] = pred_k
         row[f"error_last{k}"] = pred_k - row[f"observed_last{k}"]
         if hasattr(fc, "target_band"):  # the joint model: bands for a k-seed mean of one or the last k evaluations
@@ -749,7 +776,9 @@ def plot_campaign(
         path,
         forecasts=extra["forecasts"],
         xlabel=x,
-        title=f"{title}: mean@16 vs compute, sigmoid fits" if title else None,
+        title=f"{title}: mean@16 vs compute, {_fit_config(fit, warn=False)[0]['model'].replace('_', ' ')} fits"
+        if title
+        else None,
         unfitted=unfitted,
     )
 

@@ -4,20 +4,25 @@ from scalefit.compare import Comparison, compare_fits
 from scalefit.curve import power_law, sigmoid
 from scalefit.decide import StopDecision, decide_stop
 from scalefit.errors import FitError
-from scalefit.fit import SigmoidFit, fit_sigmoid
+from scalefit.fit import SigmoidFit, SigmoidModel, fit_sigmoid
 from scalefit.forecast import Forecast, Verdict, fit_and_forecast, forecast
-from scalefit.powerlaw import PowerLawFit, fit_power_law
+from scalefit.model import CurveFit, CurveModel, make_model
+from scalefit.powerlaw import PowerLawFit, PowerLawModel, fit_power_law
 from scalefit.uncertainty import Bootstrap, SeedSpread, bootstrap, seed_spread
 
 __all__ = [
     "Bootstrap",
     "Comparison",
+    "CurveFit",
+    "CurveModel",
     "FitError",
     "Forecast",
     "Verdict",
     "PowerLawFit",
+    "PowerLawModel",
     "SeedSpread",
     "SigmoidFit",
+    "SigmoidModel",
     "bootstrap",
     "StopDecision",
     "compare_fits",
@@ -25,6 +30,7 @@ __all__ = [
     "fit_and_forecast",
     "fit_power_law",
     "fit_sigmoid",
+    "make_model",
     "forecast",
     "power_law",
     "seed_spread",

@@ -6,6 +6,10 @@ otherwise the higher A wins. A fit whose A or C_mid sits on its grid's edge has 
 identified optimum, and a fit whose forecast is "not yet predictable" cannot be trusted
 beyond its data: either gives the verdict ``undecided`` with the reason, never a winner.
 With forecasts, the difference in A must also clear the bootstrap noise of both fits.
+
+A model without an identified asymptote (``CurveFit.has_asymptote`` False: the power law) has
+no A to compare: the two fits' predicted values at the budget are compared with the same margin
+(rule ``value``), and the verdict says so.
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from scalefit.fit import SigmoidFit
 from scalefit.forecast import Forecast
+from scalefit.model import CurveFit
 from scalefit.uncertainty import central_percentiles
 
 
@@ -32,12 +36,16 @@ class Comparison:
     shared_A: float | None
     verdict: str
     delta_A_interval: tuple[float, float] | None = None
+    budget: float | None = None  # rule "value": the compute the predicted values are compared at
+    value_baseline: float | None = None
+    value_candidate: float | None = None
+    delta_value_interval: tuple[float, float] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _unfit_reasons(name: str, f: SigmoidFit, fc: Forecast | None) -> list[str]:
+def _unfit_reasons(name: str, f: CurveFit, fc: Forecast | None) -> list[str]:
     said = f.not_identified
     out = [f"{name}'s {reason}" for reason in said]
     # a joint-model verdict whose only doubt is the spread of a few seeds' mean (band_only) leaves the
@@ -51,23 +59,28 @@ def _unfit_reasons(name: str, f: SigmoidFit, fc: Forecast | None) -> list[str]:
 
 
 def compare_fits(
-    baseline: SigmoidFit,
-    candidate: SigmoidFit,
+    baseline: CurveFit,
+    candidate: CurveFit,
     *,
     margin: float = 0.02,
     names: tuple[str, str] = ("baseline", "candidate"),
     b_tolerance: float = 1e-3,
     forecasts: tuple[Forecast, Forecast] | None = None,
+    budget: float | None = None,
 ) -> Comparison:
     """Apply the paper's rule and return the verdict with its numbers (``undecided`` with the
-    reason when either fit cannot support one)."""
+    reason when either fit cannot support one). ``budget``: where fits without an asymptote are
+    compared (default the largest compute either curve has)."""
     nb, nc = names
-    a1, a2 = baseline.A, candidate.A
+    a1, a2 = baseline.params.get("A", np.nan), candidate.params.get("A", np.nan)
+    b1, b2 = baseline.params.get("B", np.nan), candidate.params.get("B", np.nan)
     fb, fcand = forecasts if forecasts is not None else (None, None)
     why = _unfit_reasons(nb, baseline, fb) + _unfit_reasons(nc, candidate, fcand)
     if why:
         verdict = "cannot decide: " + "; ".join(why)
-        return Comparison(nb, nc, a1, a2, "undecided", "undecided", baseline.B, candidate.B, None, verdict)
+        return Comparison(nb, nc, a1, a2, "undecided", "undecided", b1, b2, None, verdict)
+    if not (baseline.has_asymptote and candidate.has_asymptote):
+        return _compare_at_budget(baseline, candidate, margin, names, forecasts, budget)
     delta = None
     if fb is not None and fcand is not None:
         k = min(len(fb.samples), len(fcand.samples))
@@ -96,3 +109,40 @@ def compare_fits(
         f"B {f1.B:.2f} ({nb}) vs {f2.B:.2f} ({nc}) → {how}"
     )
     return Comparison(nb, nc, a1, a2, "B", winner, f1.B, f2.B, shared, verdict, delta)
+
+
+def _compare_at_budget(
+    baseline: CurveFit,
+    candidate: CurveFit,
+    margin: float,
+    names: tuple[str, str],
+    forecasts: tuple[Forecast, Forecast] | None,
+    budget: float | None,
+) -> Comparison:
+    """Rule ``value``: the predicted values at the budget, the higher wins when they differ by more
+    than the margin (and, with forecasts, the interval of the paired difference excludes 0)."""
+    nb, nc = names
+    if budget is None:
+        budget = float(max(baseline.inputs[0].max(), candidate.inputs[0].max()))
+    v1, v2 = (float(f.predict(np.array([budget]))[0]) for f in (baseline, candidate))
+    a1, a2 = baseline.params.get("A", np.nan), candidate.params.get("A", np.nan)
+    b1, b2 = baseline.params.get("B", np.nan), candidate.params.get("B", np.nan)
+    delta = None
+    if forecasts is not None:
+        fb, fc = forecasts
+        d_b, d_c = fb.mean_draws([budget])[:, 0], fc.mean_draws([budget])[:, 0]
+        k = min(len(d_b), len(d_c))
+        lo, hi = np.percentile(d_c[:k] - d_b[:k], central_percentiles(fb.level))
+        delta = (float(lo), float(hi))
+    how = f"no asymptote to compare ({baseline.name.replace('_', ' ')}): predicted values at the budget {budget:.4g}"
+    if abs(v1 - v2) > margin:
+        winner = nb if v1 > v2 else nc
+        verdict = f"{how}: {v1:.3f} ({nb}) vs {v2:.3f} ({nc}), |Δ| = {abs(v1 - v2):.3f} > {margin} → {winner} is higher"
+        if delta is not None and delta[0] <= 0.0 <= delta[1]:
+            level = f"{forecasts[0].level:.0%}"
+            verdict += f", but Δ's {level} interval [{delta[0]:+.3f}, {delta[1]:+.3f}] holds 0: not significant"
+            winner = "tie"
+    else:
+        winner = "tie"
+        verdict = f"{how}: {v1:.3f} ({nb}) vs {v2:.3f} ({nc}), the same within ±{margin}"
+    return Comparison(nb, nc, a1, a2, "value", winner, b1, b2, None, verdict, None, budget, v1, v2, delta)

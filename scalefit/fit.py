@@ -17,8 +17,8 @@ the grid sums are accumulated over chunks of points (``CHUNK_FLOATS``).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.optimize import curve_fit
@@ -28,6 +28,7 @@ from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
 from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
 from scalefit.lm import batched_lm
+from scalefit.model import CurveFit, CurveModel
 
 B_BOUNDS = (1e-3, 50.0)
 CHUNK_FLOATS = 4_000_000  # floats per temporary array (32 MB): bounds memory for any n
@@ -48,33 +49,36 @@ def _bound_shape(B: float) -> str:
 
 MIN_POINTS = 4
 MIN_GAIN = 0.01
+KNEE_SHARE = 0.5  # share of the fitted gain reached at the last fitted point: C_fit >= C_mid
 
 
 @dataclass
-class SigmoidFit:
-    """A fitted curve plus everything needed to refit, predict and check it."""
+class SigmoidFit(CurveFit):
+    """The sigmoid's fitted result (``SigmoidModel.result_``): A, B, C_mid, R0 and the grids searched,
+    with the data (``CurveFit``) and the settings that made it (``model``)."""
 
     A: float
     B: float
     C_mid: float
     R0: float
-    sse: float
-    compute: np.ndarray
-    value: np.ndarray
-    heldout_compute: np.ndarray
-    heldout_value: np.ndarray
     a_grid: np.ndarray
     cmid_grid: np.ndarray
-    exclude_below: float | None = None
-    fit_upto: float | None = None
-    warnings: list[str] = field(default_factory=list)
-    inputs: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     grid_A: float = np.nan  # the winning grid cell, before the continuous polish
     grid_C_mid: float = np.nan
-    polished: bool = True
-    cmid_auto: bool = False  # the C_mid grid was scaled to the data (a prefix refit scales it again)
-    used: np.ndarray | None = field(default=None, repr=False)  # which input points were fitted
-    run_inputs: np.ndarray | None = field(default=None, repr=False)  # run label of each input point
+
+    name: ClassVar[str] = "sigmoid"
+    param_names: ClassVar[tuple[str, ...]] = ("A", "B", "C_mid")
+    sample_names: ClassVar[tuple[str, ...]] = ("A", "B", "C_mid", "R0")
+
+    @property
+    def polished(self) -> bool:
+        return bool(getattr(self.model, "polish_optimum", True))
+
+    @property
+    def cmid_auto(self) -> bool:
+        """The C_mid grid is scaled to the data (a prefix refit scales it again)."""
+        grid = getattr(self.model, "cmid_grid", None)
+        return grid is None or (isinstance(grid, str) and grid == "auto")
 
     @property
     def a_at_edge(self) -> bool:
@@ -111,44 +115,91 @@ class SigmoidFit:
             out.append(f"B = {self.B:.3g} is on a bound of its range: {_bound_shape(self.B)}, not a sigmoid")
         return out
 
+    def knee_share(self) -> float:
+        """Share of the fitted gain A - R0 reached at the last fitted point (0 without a gain)."""
+        gain = self.A - self.R0
+        return float((self.predict(float(self.compute.max())) - self.R0) / gain) if gain > 0 else 0.0
+
+    def identified(self) -> list[str]:
+        """The knee test (``KNEE_SHARE`` of the gain reached at the last fitted point: the data reach
+        C_mid) and ``not_identified``; empty when the fit is identified."""
+        share = self.knee_share()
+        knee = [f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point"]
+        return (knee if share < KNEE_SHARE else []) + self.not_identified
+
+    def more_compute(self) -> float | None:
+        """C_mid over the fitted compute when the knee is not reached."""
+        return self.C_mid / float(self.compute.max()) if self.knee_share() < KNEE_SHARE else None
+
     @property
-    def n_points(self) -> int:
-        return len(self.compute)
+    def n_free(self) -> int:
+        return 3 - (len(self.a_grid) == 1) - (len(self.cmid_grid) == 1)
+
+    def series_mask(self) -> np.ndarray:
+        """The fitted points and the zero-compute evaluations (they measure R0)."""
+        c_all, _ = self.inputs
+        return self.used | (c_all == c_all.min())
 
     def predict(self, compute) -> np.ndarray:
         return sigmoid(compute, self.A, self.B, self.C_mid, self.R0)
 
-    def refit(self, **overrides: Any) -> SigmoidFit:
-        """Fit the same data again with some settings changed (e.g. ``a_grid=[0.6]``)."""
-        kwargs = dict(
-            polish_optimum=self.polished,
-            r0=self.R0,
-            exclude_below=self.exclude_below,
-            fit_upto=self.fit_upto,
-            a_grid=self.a_grid,
-            cmid_grid=self.cmid_grid,
-        )
-        kwargs.update(overrides)
-        return fit_sigmoid(*self.inputs, runs=self.run_inputs, **kwargs)
+    def predict_batch(self, samples: np.ndarray, compute) -> np.ndarray:
+        c = np.atleast_1d(np.asarray(compute, float))
+        A, B, Cm, R0 = (samples[:, i : i + 1] for i in range(4))
+        return sigmoid(c[None, :], A, B, Cm, R0)
 
-    def extrapolation(self) -> dict[str, float] | None:
-        """Error of the fit on the held-out points beyond ``fit_upto`` (None if there are none)."""
-        if len(self.heldout_compute) == 0:
-            return None
-        err = self.predict(self.heldout_compute) - self.heldout_value
-        last = int(np.argmax(self.heldout_compute))
-        return {
-            "n_heldout": int(len(err)),
-            "mae": float(np.mean(np.abs(err))),
-            "max_abs_error": float(np.max(np.abs(err))),
-            "final_compute": float(self.heldout_compute[last]),
-            "final_observed": float(self.heldout_value[last]),
-            "final_predicted": float(self.predict(self.heldout_compute[last])),
-            "final_error": float(err[last]),
-        }
+    def r0_default(self) -> float:
+        """R0 as the fit takes it by default: the mean value at the smallest compute."""
+        c_all, v_all = self.inputs
+        return float(np.mean(v_all[c_all == c_all.min()]))
+
+    def refit_batch(self, y_draws: np.ndarray) -> np.ndarray:
+        """(A, B, C_mid, R0) of every row of ``y_draws`` (values at every input point), refitted at
+        once by batched Levenberg–Marquardt in (A, B, log C_mid) from this fit's optimum. R0 moves
+        with the zero-compute values when it was taken from them, else stays fixed; A and C_mid stay
+        fixed where their grid has one value."""
+        c_all, _ = self.inputs
+        n = len(y_draws)
+        base = c_all == c_all.min()
+        if self.r0_default() == self.R0:
+            r0_draws = self.R0 + (y_draws[:, base] - self.predict(c_all[base])[None, :]).mean(axis=1)
+        else:
+            r0_draws = np.full(n, self.R0)
+        log_x = np.log(c_all[self.used])[None, :]
+        y = y_draws[:, self.used]
+        r0 = r0_draws[:, None]
+
+        def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return sigmoid_residuals(theta, log_x, y[rows], r0[rows])
+
+        theta0 = np.tile([self.A, self.B, np.log(self.C_mid)], (n, 1))
+        a_fixed, c_fixed = len(self.a_grid) == 1, len(self.cmid_grid) == 1
+        lower = np.array(
+            [self.A if a_fixed else 0.0, B_BOUNDS[0], np.log(self.C_mid if c_fixed else self.cmid_grid.min() / 10)]
+        )
+        upper = np.array(
+            [self.A if a_fixed else 1.0, B_BOUNDS[1], np.log(self.C_mid if c_fixed else self.cmid_grid.max() * 10)]
+        )
+        theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
+        theta[:, 2] = np.exp(theta[:, 2])
+        return np.column_stack([theta, r0_draws])
+
+    def describe(self) -> str:
+        return f"A={self.A:.3f} B={self.B:.2f} C_mid={self.C_mid:.3g}"
+
+    def refit(self, **settings: Any) -> SigmoidFit:
+        """The same data fitted again with some settings changed (e.g. ``a_grid=[0.6]``); the C_mid
+        grid searched stays this fit's unless given."""
+        settings.setdefault("cmid_grid", self.cmid_grid)
+        return super().refit(**settings)
+
+    def prefix(self, upto: float) -> SigmoidFit:
+        """The fit to the points up to ``upto``, its C_mid grid scaled to them when this one's was."""
+        return self.refit(fit_upto=upto, cmid_grid=None if self.cmid_auto else self.cmid_grid)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "model": self.name,
             "A": self.A,
             "B": self.B,
             "C_mid": self.C_mid,
@@ -296,6 +347,132 @@ def _edge_warnings(a_grid, cmid_grid, ia: int, ic: int) -> list[str]:
     return out
 
 
+class SigmoidModel(CurveModel):
+    """The ScaleRL sigmoid as a curve model (settings; ``fit`` makes ``result_``, a ``SigmoidFit``).
+
+    r0: pass rate at zero RL compute; default the value at the smallest compute (mean if
+      several curves share it). exclude_below: drop points with compute below this.
+    fit_upto: fit only points with compute <= this; later points are held out for
+      ``SigmoidFit.extrapolation``. a_grid: A values (default 0.450..0.800 step 0.005).
+    cmid_grid: C_mid values, ``"paper"`` for 100 linear values in [100, 40000] GPU-hours,
+      or ``None``/``"auto"`` for 100 linear values in [C_max / 100, 4 C_max] of the fitted data.
+    polish_optimum: polish the grid's winner continuously (default); False gives the paper's
+      procedure exactly (grid values of A and C_mid).
+    """
+
+    name = "sigmoid"
+    param_names = SigmoidFit.param_names
+
+    def __init__(
+        self,
+        *,
+        r0: float | None = None,
+        exclude_below: float | None = None,
+        fit_upto: float | None = None,
+        a_grid=None,
+        cmid_grid=None,
+        polish_optimum: bool = True,
+    ) -> None:
+        self.r0 = r0
+        self.exclude_below = exclude_below
+        self.fit_upto = fit_upto
+        self.a_grid = a_grid
+        self.cmid_grid = cmid_grid
+        self.polish_optimum = polish_optimum
+
+    def fit(self, compute, values, runs=None) -> SigmoidModel:
+        """Fit one curve (or several runs' points concatenated; ``runs``: the run of each point,
+        which the uncertainty methods treat as one correlated series each). Returns the model."""
+        r0, exclude_below, fit_upto = self.r0, self.exclude_below, self.fit_upto
+        a_grid, cmid_grid, polish_optimum = self.a_grid, self.cmid_grid, self.polish_optimum
+        c_all, v_all = check_curve(compute, values)
+        if len(c_all) == 0:
+            raise FitError("no points to fit")
+        runs_all = np.zeros(len(c_all), dtype=int) if runs is None else _run_labels(runs, len(c_all))
+        if r0 is None:
+            r0 = float(np.mean(v_all[c_all == c_all.min()]))
+        elif not 0.0 <= r0 <= 1.0:
+            raise FitError(f"r0 must lie in [0, 1], got {r0}")
+        keep = c_all > 0
+        if exclude_below is not None:
+            keep &= c_all >= exclude_below
+        held = keep & (c_all > fit_upto) if fit_upto is not None else np.zeros_like(keep)
+        use = keep & ~held
+        c, v = c_all[use], v_all[use]
+        if len(c) < MIN_POINTS:
+            raise FitError(
+                f"only {len(c)} point(s) with compute > 0"
+                + (f", >= {exclude_below:g} (--exclude-below)" if exclude_below is not None else "")
+                + (f", <= {fit_upto:g} (--fit-upto)" if fit_upto is not None else "")
+                + f"; need at least {MIN_POINTS}"
+            )
+        if c.max() <= c.min() * (1.0 + 1e-9):
+            raise FitError(
+                f"every fitted point has the same compute ({c.min():g}): there is no compute range to fit a curve to; "
+                "check the compute column"
+            )
+        order = np.argsort(c)
+        tail = v[order][-max(2, len(c) // 4) :]
+        gain = float(tail.mean() - r0)
+        if gain < MIN_GAIN:
+            raise FitError(
+                f"no sigmoid gain is identifiable: the curve ends at {tail.mean():.3f} on average, "
+                f"R0 = {r0:.3f} (gain {gain:+.3f} < {MIN_GAIN}); the curve is flat or decreasing"
+            )
+
+        a_grid = PAPER_A_GRID if a_grid is None else np.atleast_1d(np.asarray(a_grid, float))
+        if isinstance(cmid_grid, str) and cmid_grid == "paper":
+            cmid_grid = PAPER_CMID_GRID
+        elif cmid_grid is None or (isinstance(cmid_grid, str) and cmid_grid == "auto"):
+            cmid_grid = auto_cmid_grid(float(c.max()))
+        else:
+            cmid_grid = np.atleast_1d(np.asarray(cmid_grid, float))
+        if (cmid_grid <= 0).any():
+            raise FitError("every C_mid grid value must be > 0")
+
+        b_cells, sse_cells = fit_b_grid(np.log(c), v, r0, a_grid, cmid_grid)
+        ia, ic = np.unravel_index(int(np.argmin(sse_cells)), sse_cells.shape)
+        grid_A, grid_C_mid = float(a_grid[ia]), float(cmid_grid[ic])
+        B, sse = _refine_b(c, v, grid_A, grid_C_mid, r0, float(b_cells[ia, ic]), float(sse_cells[ia, ic]))
+        A, C_mid = grid_A, grid_C_mid
+        if polish_optimum:
+            pA, pB, pC, p_sse = polish(
+                c, v, r0, A, B, C_mid, (a_grid.min(), a_grid.max()), (cmid_grid.min(), cmid_grid.max())
+            )
+            if p_sse <= sse:
+                A, B, C_mid, sse = pA, pB, pC, p_sse
+
+        notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
+        if b_on_bound(B):
+            notes.append(
+                f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is {_bound_shape(B)}, not a"
+                " sigmoid; its shape is not identified by these points (more evaluations across the rise)"
+            )
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
+        self.result_ = SigmoidFit(
+            A=A,
+            B=B,
+            C_mid=C_mid,
+            R0=float(r0),
+            sse=sse,
+            compute=c,
+            value=v,
+            heldout_compute=c_all[held],
+            heldout_value=v_all[held],
+            a_grid=a_grid,
+            cmid_grid=cmid_grid,
+            warnings=notes,
+            inputs=(c_all, v_all),
+            grid_A=grid_A,
+            grid_C_mid=grid_C_mid,
+            used=use,
+            run_inputs=runs_all,
+            model=self.clone(),
+        )
+        return self
+
+
 def fit_sigmoid(
     compute,
     value,
@@ -308,108 +485,17 @@ def fit_sigmoid(
     runs=None,
     polish_optimum: bool = True,
 ) -> SigmoidFit:
-    """Fit the ScaleRL sigmoid to one curve (or several seeds' points concatenated).
-
-    r0: pass rate at zero RL compute; default the value at the smallest compute (mean if
-      several curves share it). exclude_below: drop points with compute below this.
-    fit_upto: fit only points with compute <= this; later points are held out for
-      ``SigmoidFit.extrapolation``. a_grid: A values (default 0.450..0.800 step 0.005).
-    cmid_grid: C_mid values, ``"paper"`` for 100 linear values in [100, 40000] GPU-hours,
-      or ``None``/``"auto"`` for 100 linear values in [C_max / 100, 4 C_max] of the fitted data.
-    runs: the run (seed) each point belongs to, when several runs are pooled; the uncertainty
-      methods treat each run's evaluations as one correlated series. Default: one run.
-    polish_optimum: polish the grid's winner continuously (default); False gives the paper's
-      procedure exactly (grid values of A and C_mid).
-    """
-    c_all, v_all = check_curve(compute, value)
-    if len(c_all) == 0:
-        raise FitError("no points to fit")
-    runs_all = np.zeros(len(c_all), dtype=int) if runs is None else _run_labels(runs, len(c_all))
-    if r0 is None:
-        r0 = float(np.mean(v_all[c_all == c_all.min()]))
-    elif not 0.0 <= r0 <= 1.0:
-        raise FitError(f"r0 must lie in [0, 1], got {r0}")
-    keep = c_all > 0
-    if exclude_below is not None:
-        keep &= c_all >= exclude_below
-    held = keep & (c_all > fit_upto) if fit_upto is not None else np.zeros_like(keep)
-    use = keep & ~held
-    c, v = c_all[use], v_all[use]
-    if len(c) < MIN_POINTS:
-        raise FitError(
-            f"only {len(c)} point(s) with compute > 0"
-            + (f", >= {exclude_below:g} (--exclude-below)" if exclude_below is not None else "")
-            + (f", <= {fit_upto:g} (--fit-upto)" if fit_upto is not None else "")
-            + f"; need at least {MIN_POINTS}"
-        )
-    if c.max() <= c.min() * (1.0 + 1e-9):
-        raise FitError(
-            f"every fitted point has the same compute ({c.min():g}): there is no compute range to fit a curve to; "
-            "check the compute column"
-        )
-    order = np.argsort(c)
-    tail = v[order][-max(2, len(c) // 4) :]
-    gain = float(tail.mean() - r0)
-    if gain < MIN_GAIN:
-        raise FitError(
-            f"no sigmoid gain is identifiable: the curve ends at {tail.mean():.3f} on average, "
-            f"R0 = {r0:.3f} (gain {gain:+.3f} < {MIN_GAIN}); the curve is flat or decreasing"
-        )
-
-    a_grid = PAPER_A_GRID if a_grid is None else np.atleast_1d(np.asarray(a_grid, float))
-    cmid_auto = False
-    if isinstance(cmid_grid, str) and cmid_grid == "paper":
-        cmid_grid = PAPER_CMID_GRID
-    elif cmid_grid is None or (isinstance(cmid_grid, str) and cmid_grid == "auto"):
-        cmid_grid, cmid_auto = auto_cmid_grid(float(c.max())), True
-    else:
-        cmid_grid = np.atleast_1d(np.asarray(cmid_grid, float))
-    if (cmid_grid <= 0).any():
-        raise FitError("every C_mid grid value must be > 0")
-
-    b_cells, sse_cells = fit_b_grid(np.log(c), v, r0, a_grid, cmid_grid)
-    ia, ic = np.unravel_index(int(np.argmin(sse_cells)), sse_cells.shape)
-    grid_A, grid_C_mid = float(a_grid[ia]), float(cmid_grid[ic])
-    B, sse = _refine_b(c, v, grid_A, grid_C_mid, r0, float(b_cells[ia, ic]), float(sse_cells[ia, ic]))
-    A, C_mid = grid_A, grid_C_mid
-    if polish_optimum:
-        pA, pB, pC, p_sse = polish(
-            c, v, r0, A, B, C_mid, (a_grid.min(), a_grid.max()), (cmid_grid.min(), cmid_grid.max())
-        )
-        if p_sse <= sse:
-            A, B, C_mid, sse = pA, pB, pC, p_sse
-
-    notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
-    if b_on_bound(B):
-        notes.append(
-            f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is {_bound_shape(B)}, not a"
-            " sigmoid; its shape is not identified by these points (more evaluations across the rise)"
-        )
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
-    return SigmoidFit(
-        A=A,
-        B=B,
-        C_mid=C_mid,
-        R0=float(r0),
-        sse=sse,
-        compute=c,
-        value=v,
-        heldout_compute=c_all[held],
-        heldout_value=v_all[held],
-        a_grid=a_grid,
-        cmid_grid=cmid_grid,
+    """Fit the ScaleRL sigmoid to one curve: ``SigmoidModel(...).fit(compute, value, runs).result_``
+    (the settings are ``SigmoidModel``'s)."""
+    model = SigmoidModel(
+        r0=r0,
         exclude_below=exclude_below,
         fit_upto=fit_upto,
-        warnings=notes,
-        inputs=(c_all, v_all),
-        grid_A=grid_A,
-        grid_C_mid=grid_C_mid,
-        cmid_auto=cmid_auto,
-        polished=polish_optimum,
-        used=use,
-        run_inputs=runs_all,
+        a_grid=a_grid,
+        cmid_grid=cmid_grid,
+        polish_optimum=polish_optimum,
     )
+    return model.fit(compute, value, runs=runs).result_
 
 
 def _run_labels(runs, n: int) -> np.ndarray:

@@ -38,16 +38,15 @@ from typing import Any
 import numpy as np
 from scipy.signal import lfilter
 
-from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, MIN_POINTS, SigmoidFit
-from scalefit.lm import batched_lm
-from scalefit.uncertainty import PARAMS, central_percentiles
+from scalefit.fit import KNEE_SHARE, MIN_POINTS
+from scalefit.model import CurveFit, CurveModel, make_model
+from scalefit.uncertainty import central_percentiles
 
 DEFAULT_LEVEL = 0.9
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
 PHI_MAX = 0.95
-KNEE_SHARE = 0.5  # share of the fitted gain reached at the last fitted point: C_fit >= C_mid
+__all__ = ["KNEE_SHARE", "Forecast", "Verdict", "fit_and_forecast", "forecast"]
 CALIBRATION_PRIOR = 2.0  # weight of "the model's own band is right" against the backtests
 MAX_BACKTESTS = 6
 BACKTEST_RESAMPLES = 150
@@ -90,10 +89,10 @@ def eval_sd(p, eval_prompts: int | None, eval_samples: int = 16) -> np.ndarray |
     return np.sqrt(p * (1.0 - p) / (eval_prompts * eval_samples))
 
 
-def _series(fit: SigmoidFit) -> list[np.ndarray]:
+def _series(fit: CurveFit) -> list[np.ndarray]:
     """Indices into the fit's inputs of each run's evaluations in compute order, zero compute included."""
     c_all, _ = fit.inputs
-    idx = np.flatnonzero(fit.used | (c_all == c_all.min()))
+    idx = np.flatnonzero(fit.series_mask())
     idx = idx[np.lexsort((c_all[idx], fit.run_inputs[idx]))]  # by run, then compute; ties keep input order
     runs = fit.run_inputs[idx]
     uniq = np.unique(fit.run_inputs)  # every run, one with no point here included (an empty series)
@@ -109,7 +108,7 @@ def _every_kth(n: int, k: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, n - 1, k)).astype(int))
 
 
-def thin_runs(fit: SigmoidFit, max_points: int | None = None) -> SigmoidFit:
+def thin_runs(fit: CurveFit, max_points: int | None = None) -> CurveFit:
     """The evaluations the bootstrap and the backtests refit: the fit itself when it has at most
     ``max_points`` (default ``FORECAST_POINTS``) fitted points; otherwise a copy (same A, B, C_mid,
     R0, grids) in which each run keeps ``max(MIN_RUN_POINTS, max_points // runs)`` of its fitted
@@ -164,23 +163,19 @@ def _residual_stats(resid: np.ndarray, series: list[np.ndarray], n_free: int) ->
     return sse / max(n - n_free, 1), phi
 
 
-def _n_free(fit: SigmoidFit) -> int:
-    return 3 - (len(fit.a_grid) == 1) - (len(fit.cmid_grid) == 1)
-
-
-def noise_model(fit: SigmoidFit, eval_prompts: int | None = None, eval_samples: int = 16) -> NoiseModel:
+def noise_model(fit: CurveFit, eval_prompts: int | None = None, eval_samples: int = 16) -> NoiseModel:
     """First estimate of the runs' AR(1) deviation from the fitted curve, from its residuals
     (``forecast`` then removes the bias that fitting puts into it)."""
     c_all, v_all = fit.inputs
     resid = v_all - fit.predict(c_all)
     series = _series(fit)
-    var, phi = _residual_stats(resid[None, :], series, _n_free(fit))
+    var, phi = _residual_stats(resid[None, :], series, fit.n_free)
     n = sum(len(i) for i in series)
     sd_eval = eval_sd(fit.predict(fit.compute), eval_prompts, eval_samples)
     sigma_eval = float(np.sqrt(np.mean(sd_eval**2))) if sd_eval is not None else None
     sigma2 = float(var[0]) if sigma_eval is None else max(float(var[0]), sigma_eval**2)
     return NoiseModel(
-        float(np.sqrt(sigma2)), float(np.clip(phi[0], 0.0, PHI_MAX)), max(n - _n_free(fit), 1), sigma_eval, len(series)
+        float(np.sqrt(sigma2)), float(np.clip(phi[0], 0.0, PHI_MAX)), max(n - fit.n_free, 1), sigma_eval, len(series)
     )
 
 
@@ -259,10 +254,10 @@ class Verdict:
 class Forecast:
     """A fit with its bands, backtests and verdict. Bands are ``(lo, hi)`` arrays at ``level``."""
 
-    fit: SigmoidFit
+    fit: CurveFit
     level: float
     noise: NoiseModel
-    samples: np.ndarray  # (resamples, 4): A, B, C_mid, R0 from the correlated bootstrap
+    samples: np.ndarray  # (resamples, len(fit.sample_names)), e.g. A, B, C_mid, R0, from the correlated bootstrap
     sigma_draws: np.ndarray  # (resamples,) noise level of each resample
     ratio: float
     margin: float
@@ -274,11 +269,10 @@ class Forecast:
 
     def _curves(self, compute) -> tuple[np.ndarray, np.ndarray]:
         c = np.atleast_1d(np.asarray(compute, float))
-        A, B, Cm, R0 = (self.samples[:, i : i + 1] for i in range(4))
-        return c, sigmoid(c[None, :], A, B, Cm, R0)
+        return c, self.fit.predict_batch(self.samples, c)
 
     def interval(self, param: str) -> tuple[float, float]:
-        lo, hi = np.percentile(self.samples[:, PARAMS.index(param)], central_percentiles(self.level))
+        lo, hi = np.percentile(self.samples[:, self.fit.sample_names.index(param)], central_percentiles(self.level))
         return float(lo), float(hi)
 
     def point(self, compute) -> np.ndarray:
@@ -391,7 +385,7 @@ class Forecast:
             ],
             "verdict": self.verdict.to_dict() if self.verdict else None,
         }
-        for p in PARAMS:
+        for p in self.fit.param_names:
             out[f"{p}_interval"] = list(self.interval(p))
         f = self.fit
         if len(f.heldout_compute):
@@ -406,7 +400,7 @@ def _chunks(n: int, per_item: int) -> list[slice]:
 
 
 def correlated_bootstrap(
-    fit: SigmoidFit, noise: NoiseModel, n_resamples: int, seed: int = 0, *, draw_sigma: bool = True
+    fit: CurveFit, noise: NoiseModel, n_resamples: int, seed: int = 0, *, draw_sigma: bool = True
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
     """Parameter draws (A, B, C_mid, R0) from refitting simulated data: AR(1) deviations per run
     around the fitted curve, with the noise level drawn from its posterior (``draw_sigma``).
@@ -433,43 +427,27 @@ def correlated_bootstrap(
 
 
 def _refit_chunk(
-    fit: SigmoidFit, noise: NoiseModel, series: list[np.ndarray], sigma: np.ndarray, rng: np.random.Generator
+    fit: CurveFit, noise: NoiseModel, series: list[np.ndarray], sigma: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Simulate and refit ``len(sigma)`` resamples: their (A, B, C_mid, R0) and residual statistics."""
+    """Simulate and refit ``len(sigma)`` resamples: their draws (``fit.sample_names``) and residual
+    statistics; the refits are the model's own (``fit.refit_batch``)."""
     n_resamples = len(sigma)
     c_all, _ = fit.inputs
-    dev = np.empty((n_resamples, len(c_all)))
+    dev = np.zeros((n_resamples, len(c_all)))
     innov = np.sqrt(1.0 - noise.phi**2)
     for idx in series:
         z = rng.standard_normal((n_resamples, len(idx)))
         z[:, 1:] *= innov  # e_0 = z_0 (stationary start), e_t = phi e_(t-1) + innov z_t
         dev[:, idx] = lfilter([1.0], [1.0, -noise.phi], z, axis=1) * sigma[:, None]
-    base = c_all == c_all.min()
-    r0_draws = fit.R0 + dev[:, base].mean(axis=1) if _r0_default(fit) == fit.R0 else np.full(n_resamples, fit.R0)
-    log_x = np.log(c_all[fit.used])[None, :]
-    y = fit.predict(c_all[fit.used])[None, :] + dev[:, fit.used]
-    r0 = r0_draws[:, None]
-
-    def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return sigmoid_residuals(theta, log_x, y[rows], r0[rows])
-
-    theta0 = np.tile([fit.A, fit.B, np.log(fit.C_mid)], (n_resamples, 1))
-    a_fixed, c_fixed = len(fit.a_grid) == 1, len(fit.cmid_grid) == 1
-    lower = np.array(
-        [fit.A if a_fixed else 0.0, B_BOUNDS[0], np.log(fit.C_mid if c_fixed else fit.cmid_grid.min() / 10)]
-    )
-    upper = np.array(
-        [fit.A if a_fixed else 1.0, B_BOUNDS[1], np.log(fit.C_mid if c_fixed else fit.cmid_grid.max() * 10)]
-    )
-    theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
-    theta[:, 2] = np.exp(theta[:, 2])
-    curves = sigmoid(c_all[None, :], theta[:, :1], theta[:, 1:2], theta[:, 2:3], r0)
-    sim = fit.predict(c_all)[None, :] + dev
-    var, phi = _residual_stats(sim - curves, series, _n_free(fit))
-    return np.column_stack([theta, r0_draws]), var, phi
+    with np.errstate(invalid="ignore"):  # points outside every series (e.g. a power law's zero compute)
+        sim = fit.predict(c_all)[None, :] + dev
+        samples = fit.refit_batch(sim)
+        resid = sim - fit.predict_batch(samples, c_all)
+    var, phi = _residual_stats(resid, series, fit.n_free)
+    return samples, var, phi
 
 
-def _debiased_noise(fit: SigmoidFit, raw: NoiseModel, n_resamples: int, seed: int) -> NoiseModel:
+def _debiased_noise(fit: CurveFit, raw: NoiseModel, n_resamples: int, seed: int) -> NoiseModel:
     """Undo what fitting does to the residuals (parametric-bootstrap bias correction).
 
     A fitted curve follows slow drift, so the residuals' variance and lag-1 correlation
@@ -490,12 +468,7 @@ def _debiased_noise(fit: SigmoidFit, raw: NoiseModel, n_resamples: int, seed: in
     return NoiseModel(float(sigma), phi, raw.dof, raw.sigma_eval, raw.n_runs)
 
 
-def _r0_default(fit: SigmoidFit) -> float:
-    c_all, v_all = fit.inputs
-    return float(np.mean(v_all[c_all == c_all.min()]))
-
-
-def _target_ratio(fit: SigmoidFit, target: float | None) -> float:
+def _target_ratio(fit: CurveFit, target: float | None) -> float:
     c_fit = float(fit.compute.max())
     if target is not None:
         return max(float(target) / c_fit, 1.0)
@@ -504,7 +477,7 @@ def _target_ratio(fit: SigmoidFit, target: float | None) -> float:
     return DEFAULT_RATIO
 
 
-def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_samples, seed: int) -> list[Backtest]:
+def _backtests(fit: CurveFit, ratio: float, level: float, eval_prompts, eval_samples, seed: int) -> list[Backtest]:
     """Fit prefixes ending at earlier evaluations and predict the farthest fitted point within
     ``ratio`` x the prefix's compute. A backtest must look at least sqrt(ratio) ahead (half the
     question's distance in log-compute); the latest feasible origins, at most ``MAX_BACKTESTS``."""
@@ -523,7 +496,7 @@ def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_s
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                prefix = fit.refit(fit_upto=o, cmid_grid=None if fit.cmid_auto else fit.cmid_grid)
+                prefix = fit.prefix(o)
             fc = forecast(
                 prefix,
                 level=level,
@@ -540,7 +513,7 @@ def _backtests(fit: SigmoidFit, ratio: float, level: float, eval_prompts, eval_s
     return out
 
 
-def _structure(fit: SigmoidFit, noise: NoiseModel) -> float:
+def _structure(fit: CurveFit, noise: NoiseModel) -> float:
     """z-score of the mean residual over the last third of the fitted points (AR(1)-adjusted)."""
     order = np.argsort(fit.compute, kind="stable")
     resid = (fit.value - fit.predict(fit.compute))[order]
@@ -552,24 +525,21 @@ def _structure(fit: SigmoidFit, noise: NoiseModel) -> float:
     return float(np.mean(tail) / se) if se > 0 else 0.0
 
 
-def _verdict(fc: Forecast, design: SigmoidFit | None = None) -> Verdict:
+def _verdict(fc: Forecast, design: CurveFit | None = None) -> Verdict:
     """``design``: the evaluations the noise model was measured on (``thin_runs``), where the
     residual structure is judged with that noise model; default the fit itself."""
     f = fc.fit
     reasons = []
     c_fit = float(f.compute.max())
-    gain = f.A - f.R0
-    share = float((f.predict(c_fit) - f.R0) / gain) if gain > 0 else 0.0
     more = []
     if len(fc.backtests) < 2:
         reasons.append(
             f"too few points to backtest a {fc.ratio:.2g}x extrapolation ({len(fc.backtests)} backtest(s) from "
             f"{f.n_points} fitted points; need 2, each looking at least {np.sqrt(fc.ratio):.2g}x ahead)"
         )
-    if share < KNEE_SHARE:
-        reasons.append(f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point")
-        more.append(f.C_mid / c_fit)
-    reasons += f.not_identified
+    reasons += f.identified()  # the model's own answer (the sigmoid's: knee reached, no grid edge or bound)
+    if f.more_compute() is not None:
+        more.append(f.more_compute())
     identified = not reasons
     err = fc.expected_error
     error_reason = err is not None and err > fc.margin
@@ -582,8 +552,8 @@ def _verdict(fc: Forecast, design: SigmoidFit | None = None) -> Verdict:
     if abs(z) > STRUCTURE_Z:
         way = "above" if z > 0 else "below"
         reasons.append(
-            f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the sigmoid "
-            "does not explain"
+            f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the "
+            f"{f.name.replace('_', ' ')} does not explain"
         )
     error_only = identified and error_reason and len(reasons) == 1
     return Verdict(not reasons, reasons, max(more) if more and reasons else None, error_only)
@@ -604,7 +574,7 @@ def _error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> floa
 
 
 def forecast(
-    fit: SigmoidFit,
+    fit: CurveFit,
     *,
     level: float = DEFAULT_LEVEL,
     target: float | None = None,
@@ -661,13 +631,14 @@ def fit_and_forecast(
     eval_prompts: int | None = None,
     margin: float = 0.02,
     n_resamples: int = 1000,
-) -> tuple[SigmoidFit, Forecast]:
-    """Fit one recipe's curve (several runs pooled, each its own correlated series) and forecast
-    it; the fit's warnings stay on the fit (``SigmoidFit.warnings``), not on the console."""
-    from scalefit.fit import fit_sigmoid
-
+    model: str | CurveModel = "sigmoid",
+) -> tuple[CurveFit, Forecast]:
+    """Fit one recipe's curve with ``model`` (a ``fit.model`` name or a ``CurveModel``; several runs
+    pooled, each its own correlated series) and forecast it; the fit's warnings stay on the fit
+    (``CurveFit.warnings``), not on the console."""
+    est = make_model(model, exclude_below=exclude_below, fit_upto=fit_upto, a_grid=a_grid)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        f = fit_sigmoid(compute, value, exclude_below=exclude_below, fit_upto=fit_upto, a_grid=a_grid, runs=runs)
+        f = est.fit(compute, value, runs=runs).result_
     fc = forecast(f, level=level, target=target, eval_prompts=eval_prompts, margin=margin, n_resamples=n_resamples)
     return f, fc

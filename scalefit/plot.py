@@ -12,12 +12,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scalefit.fit import SigmoidFit  # noqa: E402
 from scalefit.forecast import Forecast  # noqa: E402
+from scalefit.model import CurveFit  # noqa: E402
 
 
 def plot_fits(
-    fits: Mapping[str, SigmoidFit],
+    fits: Mapping[str, CurveFit],
     path: str | Path,
     *,
     forecasts: Mapping[str, Forecast] | None = None,
@@ -53,7 +53,7 @@ def plot_fits(
             continue
         fc = forecasts.get(name) if forecasts else None
         ok = fc is None or fc.verdict is None or fc.verdict.predictable
-        label = f"{name}: A={f.A:.3f} B={f.B:.2f} C_mid={f.C_mid:.3g}"
+        label = f"{name}: {f.describe()}"
         if not ok:
             label += " — not yet predictable"
         cut = f.compute.max()
@@ -65,7 +65,8 @@ def plot_fits(
             clo, chi = fc.confidence_band(grid)
             ax.fill_between(grid, plo, phi, color=color, alpha=0.10, linewidth=0)
             ax.fill_between(grid, clo, chi, color=color, alpha=0.25, linewidth=0)
-        ax.axhline(f.A, color=color, lw=0.6, ls=":")
+        if f.has_asymptote:
+            ax.axhline(f.params["A"], color=color, lw=0.6, ls=":")
     for j, (name, (c, v)) in enumerate((unfitted or {}).items()):
         ax.scatter(c, v, s=10, color=f"C{(len(fits) + j) % 10}", alpha=0.6, marker="x", label=f"{name}: no fit")
     if forecasts:

@@ -618,6 +618,8 @@ def call_difference(
                     f"{n}'s extrapolation is unchecked ({checked} backtest(s) past the knee in the "
                     f"campaign, need {MIN_BACKTESTS})"
                 )
+            if not fc.fit.has_asymptote:  # a power law: no asymptote to bound, its A is not a ceiling
+                continue
             a_lo, a_hi = fc.interval("A")  # ... and whose asymptote the resamples bound
             edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
             if a_lo <= edges[0] + 1e-9 or a_hi >= edges[1] - 1e-9:

@@ -1,4 +1,7 @@
-"""Uncertainty: bootstrap over points, and the spread of A across seeds (paper's ±0.02)."""
+"""Uncertainty of the sigmoid: bootstrap over points, and the spread of A across seeds (paper's ±0.02).
+
+Both are the sigmoid's own diagnostics (its A, B, C_mid); ``scalefit.forecast`` gives bands for any
+curve model."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from scalefit.curve import sigmoid, sigmoid_residuals
+from scalefit.errors import FitError
 from scalefit.fit import B_BOUNDS, SigmoidFit, fit_sigmoid
 from scalefit.lm import batched_lm
 
@@ -56,6 +60,8 @@ def bootstrap(fit: SigmoidFit, n_resamples: int = 1000, seed: int = 0, level: fl
     started from the full-data optimum), so 1,000 resamples take well under a second.
     A is continuous here, within [0, 1]; R0 stays fixed.
     """
+    if not isinstance(fit, SigmoidFit):
+        raise FitError(f"bootstrap() resamples a sigmoid fit's points, not a {fit.name}'s; forecast(fit) takes any")
     rng = np.random.default_rng(seed)
     n = fit.n_points
     idx = rng.integers(0, n, size=(n_resamples, n))

@@ -74,6 +74,7 @@ def forecast_at(curves: pd.DataFrame, name: str, fraction: float, budget: float,
         eval_prompts=cfg.eval_prompts,
         margin=cfg.margin,
         n_resamples=cfg.n_resamples,
+        model=cfg.model,
     )
     return fc
 

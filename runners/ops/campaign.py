@@ -18,6 +18,7 @@ from runners.identity import run_key
 from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
 from scalefit.errors import FitError
 from scalefit.grids import parse_grid
+from scalefit.model import MODEL_NAMES
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
@@ -29,6 +30,7 @@ X = "compute/samples"  # adaptive decisions compare budgets in completions gener
 
 # A campaign's ``fit:`` section: how analysis fits and judges its curves.
 FIT_DEFAULTS: dict[str, Any] = {
+    "model": "sigmoid",  # the curve fitted to each variant: sigmoid (ScaleRL) or power_law (the paper's comparison)
     "x": X,  # the compute axis: one of COMPUTE_METRICS
     "exclude_below": None,  # fit only points at or above this compute
     "a_grid": "0.05:1.0:0.005",  # LO:HI:STEP of the grid over the asymptote A
@@ -72,10 +74,20 @@ def fit_settings(fit: dict[str, Any] | None) -> dict[str, Any]:
         raise CampaignError(f"fit.eval_prompts = {v!r}: expected a whole number of prompts >= 1, e.g. 64")
     if cfg["exclude_below"] is not None and (not number("exclude_below") or cfg["exclude_below"] < 0):
         raise CampaignError(f"fit.exclude_below = {cfg['exclude_below']!r}: expected a compute >= 0")
+    if cfg["model"] not in MODEL_NAMES:
+        raise CampaignError(
+            f"fit.model = {cfg['model']!r}: expected sigmoid (the ScaleRL curve, the default) or power_law"
+            " (the paper's comparison form)"
+        )
     if cfg["pooling"] not in POOLING:
         raise CampaignError(
             f"fit.pooling = {cfg['pooling']!r}: expected partial (the variants fitted jointly, the default) or none"
             " (each variant on its own)"
+        )
+    if cfg["model"] != "sigmoid" and cfg["pooling"] == "partial":
+        raise CampaignError(
+            f"fit.model = {cfg['model']} with fit.pooling = partial: the joint fit pools the sigmoid's B only;"
+            " set fit.pooling: none"
         )
     k = cfg["last_k"]
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -98,6 +110,7 @@ class Adaptive:
     pooling: str = FIT_DEFAULTS["pooling"]  # partial: one joint fit of the campaign decides; none: one by one
     last_k: int = FIT_DEFAULTS["last_k"]
     level: float = FIT_DEFAULTS["level"]
+    model: str = FIT_DEFAULTS["model"]  # fit.model
 
     @classmethod
     def parse(cls, spec: Any, fit: dict[str, Any] | None) -> Adaptive:
@@ -130,6 +143,7 @@ class Adaptive:
             pooling=cfg["pooling"],
             last_k=cfg["last_k"],
             level=float(cfg["level"]),
+            model=cfg["model"],
         )
 
 
