@@ -58,7 +58,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         uri = args.tracking_uri or default_tracking_uri()
         curves = load_curves(camp.name, uri, {s.run_key for s in expand(camp)})
-    print(plan(curves, cfg["x"], args.margin if args.margin is not None else cfg["margin"], cfg["last_k"]).text())
+    print(plan(curves, cfg.x, args.margin if args.margin is not None else cfg.margin, cfg.last_k).text())
     return 0
 
 

@@ -17,14 +17,15 @@ from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.ops import store
 from runners.ops.campaign import fit_settings
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
-from scalefit.grids import parse_grid
 from scalefit.model import make_model
 from scalefit.plot import plot_fits
 from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.settings import FitSettings
 from scalefit.uncertainty import central_percentiles
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
+FitSpec = FitSettings | dict[str, Any] | None  # a campaign's fit settings, or its fit: section as written
 WALL_CLOCK = "compute/gpu_hours"
 
 
@@ -91,10 +92,10 @@ def _one_run_per_seed(curves: pd.DataFrame, source: str, run_col: str = "run") -
         )
 
 
-def read_curves(path: Path, fit: dict[str, Any] | None = None) -> pd.DataFrame:
+def read_curves(path: Path, fit: FitSpec = None) -> pd.DataFrame:
     """A published ``curves.csv`` (what ``load_curves`` returned, saved), checked for the columns the
     campaign's ``fit`` needs; empty text cells read back as "" as they were written, not NaN."""
-    x = fit_settings(fit)["x"]
+    x = fit_settings(fit).x
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     curves = pd.read_csv(path)
@@ -123,11 +124,11 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
     return np.ceil(steps / k) * rollouts
 
 
-def _fit_config(fit: dict[str, Any] | None, warn: bool = True) -> tuple[dict[str, Any], Any]:
-    """The campaign's fit settings over the defaults (checked as the campaign file's are), and its A grid."""
+def _fit_config(fit: FitSettings | dict[str, Any] | None, warn: bool = True) -> tuple[FitSettings, Any]:
+    """The campaign's fit settings (parsed once: a campaign's are already) and its A grid."""
     cfg = fit_settings(fit)
-    a_grid = parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step")
-    if warn and cfg["x"] == WALL_CLOCK:
+    a_grid = cfg.a_values
+    if warn and cfg.x == WALL_CLOCK:
         warnings.warn(
             f"fit.x = {WALL_CLOCK} is wall-clock time: on a shared or loaded machine it measures the load as well "
             "as the recipe (identical learning curves can fit different B); compute/samples or compute/tokens do not",
@@ -136,21 +137,21 @@ def _fit_config(fit: dict[str, Any] | None, warn: bool = True) -> tuple[dict[str
     return cfg, a_grid
 
 
-def _forecast_variant(g: pd.DataFrame, cfg: dict[str, Any], a_grid, n_boot: int, fit_upto=None, target=None):
+def _forecast_variant(g: pd.DataFrame, cfg: FitSettings, a_grid, n_boot: int, fit_upto=None, target=None):
     """Fit one variant, seeds pooled (each seed its own correlated series), and forecast it."""
     return fit_and_forecast(
-        g[cfg["x"]],
+        g[cfg.x],
         g[MEAN_AT_16],
         runs=g["seed"],
         fit_upto=fit_upto,
-        exclude_below=cfg["exclude_below"],
+        exclude_below=cfg.exclude_below,
         a_grid=a_grid,
         target=target,
-        level=cfg["level"],
-        eval_prompts=cfg["eval_prompts"],
-        margin=cfg["margin"],
+        level=cfg.level,
+        eval_prompts=cfg.eval_prompts,
+        margin=cfg.margin,
         n_resamples=n_boot,
-        model=cfg["model"],
+        model=cfg.model,
     )
 
 
@@ -185,18 +186,18 @@ class Model:
 
 
 def campaign_model(
-    curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000, fraction: float = 1.0
+    curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000, fraction: float = 1.0
 ) -> Model:
     """Fit every variant on the first ``fraction`` of its compute (1: all of it) and forecast it
     (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
     cfg, a_grid = _fit_config(fit, warn=False)
-    x, y = cfg["x"], MEAN_AT_16
+    x, y = cfg.x, MEAN_AT_16
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     budgets = {v: float(g[x].max()) for v, g in groups.items()}
     failed = {v: f"no fit: {why}" for v, g in groups.items() if (why := _spliced(g, x))}
     upto, no_share = None, set()
     if fraction < 1:  # the first `fraction`, or the smallest share that holds a fit (fit_share)
-        shares = {v: fit_share(g, x, fraction, cfg["exclude_below"]) for v, g in groups.items()}
+        shares = {v: fit_share(g, x, fraction, cfg.exclude_below) for v, g in groups.items()}
         no_share = {v for v, share in shares.items() if share is None}
         for v in no_share - set(failed):
             failed[v] = (
@@ -205,7 +206,7 @@ def campaign_model(
             )
         upto = {v: (shares[v] or fraction) * budgets[v] for v in groups}
     target = budgets if fraction < 1 else None
-    if cfg["pooling"] == "none":
+    if cfg.pooling == "none":
         fits, fcs = {}, {}
         for v, g in groups.items():
             if v in failed:
@@ -216,21 +217,21 @@ def campaign_model(
                 )
             except FitError as e:
                 failed[v] = f"no fit: {e}"
-        how = "pooling none: each variant fitted on its own" + _model_note(cfg["model"])
+        how = "pooling none: each variant fitted on its own" + _model_note(cfg.model)
         return Model(fits, fcs, failed, how, budgets, upto or {}, no_share)
     data = {v: (g[x].to_numpy(), g[y].to_numpy(), g["seed"].to_numpy()) for v, g in groups.items() if v not in failed}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cfit = fit_campaign(data, exclude_below=cfg["exclude_below"], fit_upto=upto, a_grid=a_grid)
+        cfit = fit_campaign(data, exclude_below=cfg.exclude_below, fit_upto=upto, a_grid=a_grid)
     failed.update({v: f"no fit: {why}" for v, why in cfit.failed.items()})
     fcs = forecast_campaign(
         cfit,
-        level=cfg["level"],
+        level=cfg.level,
         target=target,
-        margin=cfg["margin"],
-        eval_prompts=cfg["eval_prompts"],
+        margin=cfg.margin,
+        eval_prompts=cfg.eval_prompts,
         n_resamples=n_boot,
-        windows=tuple(sorted({1, cfg["last_k"]})),
+        windows=tuple(sorted({1, cfg.last_k})),
     )
     order = [v for v in groups if v in cfit.fits]
     fits = {v: cfit.fits[v] for v in order}
@@ -238,7 +239,7 @@ def campaign_model(
 
 
 def fit_table(
-    curves: pd.DataFrame, fit: dict[str, Any] | None = None, n_boot: int = 1000, half: Model | None = None
+    curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000, half: Model | None = None
 ) -> tuple[pd.DataFrame, dict]:
     """Fit the campaign (jointly unless ``fit.pooling: none``), forecast each variant, and compare it
     with the baseline by the paper's rule; call each variant against the baseline at the budget from
@@ -249,7 +250,7 @@ def fit_table(
     decide", never a winner.
     """
     cfg, a_grid = _fit_config(fit)
-    x, y = cfg["x"], MEAN_AT_16
+    x, y = cfg.x, MEAN_AT_16
     model = campaign_model(curves, fit, n_boot)
     fits, fcs = model.fits, model.forecasts
     rows = []
@@ -260,7 +261,7 @@ def fit_table(
             "seeds": g["seed"].nunique(),
             "points": len(g),
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
-            f"final_last{cfg['last_k']}_mean_at_16": g.sort_values(x).groupby("seed").tail(cfg["last_k"])[y].mean(),
+            f"final_last{cfg.last_k}_mean_at_16": g.sort_values(x).groupby("seed").tail(cfg.last_k)[y].mean(),
             "unfinished": _unfinished(g),
             "fit_model": model.description,
         }
@@ -289,7 +290,7 @@ def fit_table(
         if g["seed"].nunique() > 1 and f.name == "sigmoid":  # the paper's run-to-run spread of A
             try:
                 per_seed = {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}
-                spread = seed_spread(per_seed, exclude_below=cfg["exclude_below"], a_grid=a_grid).to_dict()
+                spread = seed_spread(per_seed, exclude_below=cfg.exclude_below, a_grid=a_grid).to_dict()
                 row["A_seed_half_range"] = spread["A_half_range"]
             except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
                 row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
@@ -305,7 +306,7 @@ def fit_table(
             c = compare_fits(
                 fits["baseline"],
                 fits[v],
-                margin=cfg["margin"],
+                margin=cfg.margin,
                 names=("baseline", v),
                 forecasts=(fcs["baseline"], fcs[v]),
             )
@@ -315,11 +316,11 @@ def fit_table(
         table["B_at_shared_A"] = b_shared
     if half is None:
         half = campaign_model(curves, fit, HALF_RESAMPLES, fraction=0.5)
-    table = table.merge(_calls(model, half, cfg["margin"]), on="variant", how="left")
-    measured = measured_at_budget(curves, x, cfg["margin"], last_k=cfg["last_k"])
+    table = table.merge(_calls(model, half, cfg.margin), on="variant", how="left")
+    measured = measured_at_budget(curves, x, cfg.margin, last_k=cfg.last_k)
     if len(measured):
         table = table.merge(measured, on="variant", how="left")
-        half_m = measured_at_budget(curves, x, cfg["margin"], fraction=0.5, last_k=cfg["last_k"])
+        half_m = measured_at_budget(curves, x, cfg.margin, fraction=0.5, last_k=cfg.last_k)
         half_m = half_m.rename(columns=lambda c: c if c == "variant" else f"half_{c}")  # where efficiency shows
         table = table.merge(half_m, on="variant", how="left")
     table = table.merge(_resolvable(curves, x, cfg), on="variant", how="left")
@@ -366,7 +367,7 @@ def _calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
 
 def _resolvable(curves: pd.DataFrame, x: str, cfg: dict[str, Any]) -> pd.DataFrame:
     """The smallest difference each comparison resolves at the budget (80% power; ``analysis.planner``)."""
-    rows = seed_plan(curves, x, cfg["margin"], cfg["last_k"]).rows
+    rows = seed_plan(curves, x, cfg.margin, cfg.last_k).rows
     out = pd.DataFrame(rows, columns=["variant", "resolvable", "resolvable_last_k"] if not rows else None)
     return out[["variant", "resolvable", "resolvable_last_k"]]
 
@@ -603,7 +604,7 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def extrapolation_check(
     curves: pd.DataFrame,
-    fit: dict[str, Any] | None = None,
+    fit: FitSpec = None,
     frac: float = 0.5,
     n_boot: int = HALF_RESAMPLES,
     model: Model | None = None,
@@ -621,7 +622,7 @@ def extrapolation_check(
     is the paper's claim put to the test: a curve fitted early predicts late.
     """
     cfg, _ = _fit_config(fit)
-    x, y, k = cfg["x"], MEAN_AT_16, cfg["last_k"]
+    x, y, k = cfg.x, MEAN_AT_16, cfg.last_k
     model = model or campaign_model(curves, fit, n_boot, fraction=frac)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
@@ -668,7 +669,7 @@ def extrapolation_check(
             }
         )
         row.update(
-            level=cfg["level"],
+            level=cfg.level,
             verdict=fc.verdict.label,
             reasons="; ".join(fc.verdict.reasons),
             expected_error=fc.expected_error,
@@ -747,7 +748,7 @@ def _copy_logged_report(client: MlflowClient, run_id: str, folder: Path) -> None
         Path(got).rename(folder)
 
 
-def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None, title: str = "") -> pd.DataFrame:
+def write_fit(curves: pd.DataFrame, out: Path, fit: FitSpec = None, title: str = "") -> pd.DataFrame:
     """From curves (as ``load_curves`` or a published ``curves.csv`` holds them): the LOO table
     (CSV + Markdown), the plot with both bands, and the extrapolation check, under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -761,11 +762,11 @@ def write_fit(curves: pd.DataFrame, out: Path, fit: dict[str, Any] | None = None
 
 
 def plot_campaign(
-    curves: pd.DataFrame, extra: dict, path: Path, fit: dict[str, Any] | None = None, title: str = ""
+    curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = None, title: str = ""
 ) -> Path | None:
     """The LOO plot: every variant's points, and its fit with both bands where it has one (``extra``
     as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
-    x = _fit_config(fit)[0]["x"]
+    x = _fit_config(fit)[0].x
     unfitted = {
         v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
     }
@@ -776,7 +777,7 @@ def plot_campaign(
         path,
         forecasts=extra["forecasts"],
         xlabel=x,
-        title=f"{title}: mean@16 vs compute, {_fit_config(fit, warn=False)[0]['model'].replace('_', ' ')} fits"
+        title=f"{title}: mean@16 vs compute, {_fit_config(fit, warn=False)[0].model.replace('_', ' ')} fits"
         if title
         else None,
         unfitted=unfitted,
@@ -786,7 +787,7 @@ def plot_campaign(
 def write_report(
     campaign: str,
     out: Path,
-    fit: dict[str, Any] | None = None,
+    fit: FitSpec = None,
     tracking_uri: str | None = None,
     parent_run_id: str | None = None,
     log=print,

@@ -26,6 +26,8 @@ import pandas as pd
 from scipy.stats import norm
 
 from runners.contract import MEAN_AT_16
+from scalefit.defaults import DEFAULT_MARGIN
+from scalefit.settings import FitSettings
 
 ALPHA = 0.05
 POWER = 0.8
@@ -196,7 +198,7 @@ def _fmt(v: float) -> str:
     return "—" if v is None or not np.isfinite(v) else f"{v:.3f}"
 
 
-def plan(curves: pd.DataFrame, x: str, margin: float = 0.02, last_k: int = 3) -> Plan:
+def plan(curves: pd.DataFrame, x: str, margin: float = DEFAULT_MARGIN, last_k: int = FitSettings.last_k) -> Plan:
     """The campaign's seed spread, evaluation noise, resolvable differences and seeds needed."""
     spread = {f: seed_spread(curves, x, f, last_k) for f in (1.0, 0.5)}
     p = Plan(x, margin, last_k, spread, evaluation_noise(curves, x))

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from scalefit.compare import compare_fits
+from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, fit_sigmoid
 from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
@@ -375,7 +376,9 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
         help="prompts behind each evaluation (mean@16 over N prompts): its binomial noise floors the noise estimate",
     )
     p.add_argument("--eval-samples", type=int, default=16, metavar="K", help="samples per prompt (default 16)")
-    p.add_argument("--margin", type=float, default=0.02, help="the A margin a prediction must be within (paper: ±0.02)")
+    p.add_argument(
+        "--margin", type=float, default=DEFAULT_MARGIN, help="the A margin a prediction must be within (paper: ±0.02)"
+    )
 
 
 def _resamples(text: str) -> int:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.forecast import Forecast
 from scalefit.model import CurveFit
 from scalefit.uncertainty import central_percentiles
@@ -62,7 +63,7 @@ def compare_fits(
     baseline: CurveFit,
     candidate: CurveFit,
     *,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     names: tuple[str, str] = ("baseline", "candidate"),
     b_tolerance: float = 1e-3,
     forecasts: tuple[Forecast, Forecast] | None = None,

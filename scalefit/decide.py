@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
+from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.forecast import Forecast
 from scalefit.uncertainty import central_percentiles
 
@@ -54,7 +55,7 @@ def decide_stop(
     variant_budget: float,
     baseline_budget: float,
     *,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     risk: float = 0.05,
     seed: int = 0,
 ) -> StopDecision:

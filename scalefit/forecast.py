@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 from scipy.signal import lfilter
 
+from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.fit import KNEE_SHARE, MIN_POINTS
 from scalefit.model import CurveFit, CurveModel, make_model
 from scalefit.uncertainty import central_percentiles
 
-DEFAULT_LEVEL = 0.9
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
 PHI_MAX = 0.95
 __all__ = ["KNEE_SHARE", "Forecast", "Verdict", "fit_and_forecast", "forecast"]
@@ -580,7 +580,7 @@ def forecast(
     target: float | None = None,
     eval_prompts: int | None = None,
     eval_samples: int = 16,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     n_resamples: int = 1000,
     seed: int = 0,
     backtest: bool = True,
@@ -629,7 +629,7 @@ def fit_and_forecast(
     target: float | None = None,
     level: float = DEFAULT_LEVEL,
     eval_prompts: int | None = None,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     n_resamples: int = 1000,
     model: str | CurveModel = "sigmoid",
 ) -> tuple[CurveFit, Forecast]:

@@ -42,11 +42,11 @@ from scipy.interpolate import CubicSpline
 from scipy.stats import norm
 
 from scalefit.curve import sigmoid_residuals
+from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.fit import B_BOUNDS, SigmoidFit
 from scalefit.forecast import (
     CALIBRATION_PRIOR,
-    DEFAULT_LEVEL,
     DEFAULT_RATIO,
     KNEE_SHARE,
     Backtest,
@@ -533,7 +533,7 @@ def forecast_campaign(
     *,
     level: float = DEFAULT_LEVEL,
     target: float | dict[str, float] | None = None,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     eval_prompts: int | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
@@ -594,7 +594,7 @@ def call_difference(
     budget: float,
     baseline_budget: float | None = None,
     *,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     level: float = 0.95,
 ) -> Call:
     """worse / better when the whole interval of the mean-curve difference at the budget is beyond
@@ -655,7 +655,7 @@ def fit_and_forecast_campaign(
     target=None,
     level: float = DEFAULT_LEVEL,
     eval_prompts: int | None = None,
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     n_resamples: int = 1000,
     windows: tuple[int, ...] = (1, 3),
     backtest: bool = True,

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from scalefit.curve import sigmoid, sigmoid_residuals
+from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.fit import B_BOUNDS, SigmoidFit, fit_sigmoid
 from scalefit.lm import batched_lm
@@ -84,7 +85,7 @@ class SeedSpread:
     """A fitted separately for each run (seed) of one recipe."""
 
     fits: dict[str, SigmoidFit]
-    margin: float = 0.02
+    margin: float = DEFAULT_MARGIN
 
     @property
     def A_values(self) -> np.ndarray:
@@ -103,7 +104,7 @@ class SeedSpread:
         }
 
 
-def seed_spread(curves: Mapping[str, tuple[Any, Any]], margin: float = 0.02, **fit_kwargs: Any) -> SeedSpread:
+def seed_spread(curves: Mapping[str, tuple[Any, Any]], margin: float = DEFAULT_MARGIN, **fit_kwargs: Any) -> SeedSpread:
     """Fit each seed's curve on its own; the spread of A is the recipe's run-to-run noise.
 
     Grid-edge notes stay on each seed's fit (``SeedSpread.fits[name].warnings``, and ``to_dict``'s

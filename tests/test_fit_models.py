@@ -122,8 +122,8 @@ def test_fit_model_setting_errors_name_the_choices_and_the_fix(fit, message):
 
 
 def test_fit_model_defaults_to_the_sigmoid_and_accepts_the_power_law_fitted_alone():
-    assert fit_settings(None)["model"] == "sigmoid"
-    assert fit_settings({"model": "power_law", "pooling": "none"})["model"] == "power_law"
+    assert fit_settings(None).model == "sigmoid"
+    assert fit_settings({"model": "power_law", "pooling": "none"}).model == "power_law"
 
 
 def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads(tmp_path: Path):
@@ -136,4 +136,4 @@ def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads
     )
     assert r.returncode != 0 and "Traceback" not in r.stderr and "set fit.pooling: none" in r.stderr
     path.write_text("name: x\nbaseline: scalerl\nfit: {model: power_law, pooling: none}\n")
-    assert load_campaign(path).fit["model"] == "power_law"
+    assert load_campaign(path).fit.model == "power_law"

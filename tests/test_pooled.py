@@ -154,7 +154,7 @@ def test_plan_command_reads_a_published_curves_csv_and_refuses_a_bad_margin():
 
 
 def test_pooling_and_last_k_settings_are_checked():
-    assert fit_settings(None)["pooling"] == "partial" and fit_settings(None)["last_k"] == 3
+    assert fit_settings(None).pooling == "partial" and fit_settings(None).last_k == 3
     with pytest.raises(CampaignError, match="fit.pooling = 'full'.*partial.*none"):
         fit_settings({"pooling": "full"})
     with pytest.raises(CampaignError, match="fit.last_k = 0"):

@@ -17,8 +17,7 @@ from runners.contract import COMPUTE_METRICS
 from runners.identity import run_key
 from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
 from scalefit.errors import FitError
-from scalefit.grids import parse_grid
-from scalefit.model import MODEL_NAMES
+from scalefit.settings import FitSettings
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
@@ -28,71 +27,14 @@ class CampaignError(ValueError):
 
 X = "compute/samples"  # adaptive decisions compare budgets in completions generated, whatever the machine load
 
-# A campaign's ``fit:`` section: how analysis fits and judges its curves.
-FIT_DEFAULTS: dict[str, Any] = {
-    "model": "sigmoid",  # the curve fitted to each variant: sigmoid (ScaleRL) or power_law (the paper's comparison)
-    "x": X,  # the compute axis: one of COMPUTE_METRICS
-    "exclude_below": None,  # fit only points at or above this compute
-    "a_grid": "0.05:1.0:0.005",  # LO:HI:STEP of the grid over the asymptote A
-    "margin": 0.02,  # the paper's margin on A, and a prediction's target accuracy
-    "level": 0.9,  # coverage of intervals and bands
-    "eval_prompts": None,  # prompts per evaluation: floors the noise estimate at mean@16's binomial variance
-    "pooling": "partial",  # partial: the variants fitted jointly (B partially pooled, R0 shared); none: one by one
-    "last_k": 3,  # targets also scored as the mean of each run's last k evaluations (less noisy than the last one)
-}
-POOLING = ("partial", "none")
-
-
-def fit_settings(fit: dict[str, Any] | None) -> dict[str, Any]:
-    """A campaign's ``fit:`` section over ``FIT_DEFAULTS``, checked when the campaign is loaded (before
-    any run starts, not when the fit finally reads it): one line naming the key and the fix."""
-    fit = fit or {}
-    unknown = sorted(set(fit) - set(FIT_DEFAULTS))
-    if unknown:
-        near = difflib.get_close_matches(str(unknown[0]), FIT_DEFAULTS, n=1)
-        hint = f"; did you mean 'fit.{near[0]}'?" if near else f"; known keys: {', '.join(FIT_DEFAULTS)}"
-        raise CampaignError(f"unknown key 'fit.{unknown[0]}' in the campaign's fit section{hint}")
-    cfg = {**FIT_DEFAULTS, **fit}
-
-    def number(key: str) -> bool:
-        return isinstance(cfg[key], int | float) and not isinstance(cfg[key], bool)
-
-    if cfg["x"] not in COMPUTE_METRICS:
-        raise CampaignError(f"fit.x = {cfg['x']!r}: not a compute axis runs log; one of {', '.join(COMPUTE_METRICS)}")
-    if not isinstance(cfg["a_grid"], str):
-        raise CampaignError(f"fit.a_grid = {cfg['a_grid']!r}: expected a string LO:HI:STEP, e.g. '0.05:1.0:0.005'")
+def fit_settings(fit: dict[str, Any] | FitSettings | None) -> FitSettings:
+    """A campaign's ``fit:`` section (``scalefit.settings.FitSettings``), checked when the campaign is
+    loaded (before any run starts, not when the fit finally reads it) against the compute axes runs
+    log: one line naming the key and the fix."""
     try:
-        parse_grid(cfg["a_grid"], name="fit.a_grid", kind="step")
+        return FitSettings.parse(fit, x_choices=COMPUTE_METRICS)
     except FitError as e:
         raise CampaignError(str(e)) from None
-    if not number("level") or not 0 < cfg["level"] < 1:
-        raise CampaignError(f"fit.level = {cfg['level']!r}: expected a coverage in (0, 1), e.g. 0.9")
-    if not number("margin") or not 0 <= cfg["margin"] < 1:
-        raise CampaignError(f"fit.margin = {cfg['margin']!r}: expected a difference in pass rate in [0, 1), e.g. 0.02")
-    v = cfg["eval_prompts"]
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-        raise CampaignError(f"fit.eval_prompts = {v!r}: expected a whole number of prompts >= 1, e.g. 64")
-    if cfg["exclude_below"] is not None and (not number("exclude_below") or cfg["exclude_below"] < 0):
-        raise CampaignError(f"fit.exclude_below = {cfg['exclude_below']!r}: expected a compute >= 0")
-    if cfg["model"] not in MODEL_NAMES:
-        raise CampaignError(
-            f"fit.model = {cfg['model']!r}: expected sigmoid (the ScaleRL curve, the default) or power_law"
-            " (the paper's comparison form)"
-        )
-    if cfg["pooling"] not in POOLING:
-        raise CampaignError(
-            f"fit.pooling = {cfg['pooling']!r}: expected partial (the variants fitted jointly, the default) or none"
-            " (each variant on its own)"
-        )
-    if cfg["model"] != "sigmoid" and cfg["pooling"] == "partial":
-        raise CampaignError(
-            f"fit.model = {cfg['model']} with fit.pooling = partial: the joint fit pools the sigmoid's B only;"
-            " set fit.pooling: none"
-        )
-    k = cfg["last_k"]
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise CampaignError(f"fit.last_k = {k!r}: expected a whole number of evaluations >= 1, e.g. 3")
-    return cfg
 
 
 @dataclass
@@ -102,18 +44,18 @@ class Adaptive:
     fit settings the decisions use from the campaign's ``fit:`` section (``fit_settings``)."""
 
     at: list[float]
-    margin: float = FIT_DEFAULTS["margin"]
+    margin: float = FitSettings.margin
     risk: float = 0.05
-    eval_prompts: int | None = FIT_DEFAULTS["eval_prompts"]
-    a_grid: str = FIT_DEFAULTS["a_grid"]
+    eval_prompts: int | None = FitSettings.eval_prompts
+    a_grid: str = FitSettings.a_grid
     n_resamples: int = 400
-    pooling: str = FIT_DEFAULTS["pooling"]  # partial: one joint fit of the campaign decides; none: one by one
-    last_k: int = FIT_DEFAULTS["last_k"]
-    level: float = FIT_DEFAULTS["level"]
-    model: str = FIT_DEFAULTS["model"]  # fit.model
+    pooling: str = FitSettings.pooling  # partial: one joint fit of the campaign decides; none: one by one
+    last_k: int = FitSettings.last_k
+    level: float = FitSettings.level
+    model: str = FitSettings.model  # fit.model
 
     @classmethod
-    def parse(cls, spec: Any, fit: dict[str, Any] | None) -> Adaptive:
+    def parse(cls, spec: Any, fit: dict[str, Any] | FitSettings | None) -> Adaptive:
         if not isinstance(spec, dict) or "at" not in spec:
             raise CampaignError(f"adaptive = {spec!r}: expected {{at: [0.25, 0.5], margin: 0.02, risk: 0.05}}")
         unknown = set(spec) - {"at", "margin", "risk"}
@@ -127,23 +69,23 @@ class Adaptive:
         ):
             raise CampaignError(f"adaptive.at = {at!r}: expected fractions of the budget in (0, 1), e.g. [0.25, 0.5]")
         cfg = fit_settings(fit)
-        margin, risk = spec.get("margin", cfg["margin"]), spec.get("risk", 0.05)
+        margin, risk = spec.get("margin", cfg.margin), spec.get("risk", 0.05)
         if not isinstance(risk, int | float) or not 0 < risk < 0.5:
             raise CampaignError(f"adaptive.risk = {risk!r}: expected a probability in (0, 0.5), e.g. 0.05")
         if not isinstance(margin, int | float) or margin < 0:
             raise CampaignError(f"adaptive.margin = {margin!r}: expected a number >= 0, e.g. 0.02")
-        if cfg["x"] != X:
-            raise CampaignError(f"adaptive campaigns decide on fit.x = {X}; this campaign fits {cfg['x']}")
+        if cfg.x != X:
+            raise CampaignError(f"adaptive campaigns decide on fit.x = {X}; this campaign fits {cfg.x}")
         return cls(
             sorted(float(f) for f in at),
             float(margin),
             float(risk),
-            cfg["eval_prompts"],
-            cfg["a_grid"],
-            pooling=cfg["pooling"],
-            last_k=cfg["last_k"],
-            level=float(cfg["level"]),
-            model=cfg["model"],
+            cfg.eval_prompts,
+            cfg.a_grid,
+            pooling=cfg.pooling,
+            last_k=cfg.last_k,
+            level=float(cfg.level),
+            model=cfg.model,
         )
 
 
@@ -235,7 +177,7 @@ class Campaign:
     overrides: dict[str, Any] = field(default_factory=dict)
     axes: dict[str, Axis] = field(default_factory=dict)
     controls: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {dotted key: value, ...}
-    fit: dict[str, Any] = field(default_factory=dict)
+    fit: FitSettings = field(default_factory=FitSettings)
     adaptive: Adaptive | None = None  # decision points at which variants the scaling law rules out stop
     parallel: int = 1  # concurrent runs on CPU
     runs_per_gpu: int = 1
@@ -294,9 +236,9 @@ def load_campaign(ref: str | Path) -> Campaign:
     adaptive = data.pop("adaptive", None)
     slurm = data.pop("slurm", None)
     try:
-        fit_settings(data.get("fit"))
+        data["fit"] = fit_settings(data.get("fit"))  # parsed once, here: the campaign carries the result
         if adaptive is not None:
-            adaptive = Adaptive.parse(adaptive, data.get("fit") or {})
+            adaptive = Adaptive.parse(adaptive, data["fit"])
         if slurm is not None:
             slurm = Slurm.parse(slurm)
     except CampaignError as e:

@@ -118,7 +118,7 @@ def _run_campaign(
 
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
-    ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit)["x"])  # the UI opens on the curves
+    ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # the UI opens on the curves
     root = runs_root / camp.name
     status = {s.run_key: status_of(existing.get(s.run_key)) for s in specs}
     skip = {"done"} if resume_stopped else {"done", "stopped"}

@@ -160,9 +160,9 @@ def campaign_views(client: MlflowClient, base: str) -> list[tuple[str, str]]:
         if parent is None:
             continue  # not a campaign (single runs: experiment 'runs')
         try:
-            x = fit_settings(load_campaign(exp.name).fit)["x"]
+            x = fit_settings(load_campaign(exp.name).fit).x
         except CampaignError:  # no such campaign file here (made elsewhere, or by a test)
-            x = _view_x(exp.tags.get(VIEW_TAG)) or fit_settings(None)["x"]
+            x = _view_x(exp.tags.get(VIEW_TAG)) or fit_settings(None).x
         prepare(client, exp.experiment_id, parent.info.run_id, exp.name, x)
         found.append((exp.name, campaign_url(base, exp.experiment_id)))
     return found
