@@ -81,7 +81,7 @@ def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, t
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     printed = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert f"store sqlite:///{project / 'mlflow.db'}" in printed and "'level': 0.8" in printed
+    assert f"store sqlite:///{project / 'mlflow.db'}" in printed and "level=0.8" in printed
     markdown = [o["data"]["text/markdown"] for o in outputs if "text/markdown" in o.get("data", {})]
     assert markdown == [(out / "loo_table.md").read_text()]  # the LOO table, number for number
 
