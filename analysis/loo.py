@@ -17,7 +17,7 @@ from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.ops import store
 from runners.ops.campaign import fit_settings
 from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
-from scalefit.model import make_model
+from scalefit.models import make_model
 from scalefit.plot import plot_fits
 from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import call_difference, forecast_campaign

@@ -6,7 +6,8 @@ from scalefit.decide import StopDecision, decide_stop
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit, SigmoidModel, fit_sigmoid
 from scalefit.forecast import Forecast, Verdict, fit_and_forecast, forecast
-from scalefit.model import CurveFit, CurveModel, make_model
+from scalefit.model import CurveFit, CurveModel
+from scalefit.models import make_model
 from scalefit.powerlaw import PowerLawFit, PowerLawModel, fit_power_law
 from scalefit.uncertainty import Bootstrap, SeedSpread, bootstrap, seed_spread
 

@@ -41,7 +41,8 @@ from scipy.signal import lfilter
 from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.fit import KNEE_SHARE, MIN_POINTS
-from scalefit.model import CurveFit, CurveModel, make_model
+from scalefit.model import CurveFit, CurveModel
+from scalefit.models import make_model
 from scalefit.uncertainty import central_percentiles
 
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k

@@ -15,7 +15,7 @@ Two halves, in the spirit of scikit-learn estimators:
   at once, the model's own vectorised implementation) and ``predict_batch(samples, compute)``.
 
 The implementations: ``scalefit.fit.SigmoidModel`` (the ScaleRL sigmoid, the default) and
-``scalefit.powerlaw.PowerLawModel`` (the paper's power-law comparison). ``make_model(name, ...)``
+``scalefit.powerlaw.PowerLawModel`` (the paper's power-law comparison). ``scalefit.models.make_model(name, ...)``
 builds one by its campaign name (``fit.model``).
 """
 
@@ -29,8 +29,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scalefit.errors import FitError
-
-MODEL_NAMES = ("sigmoid", "power_law")
 
 
 @dataclass(kw_only=True)
@@ -180,21 +178,3 @@ class CurveModel:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items() if v is not None)
         return f"{type(self).__name__}({args})"
-
-
-def make_model(name: str | CurveModel = "sigmoid", **settings: Any) -> CurveModel:
-    """A model by its ``fit.model`` name (``sigmoid`` or ``power_law``) with these settings; settings
-    that are None are left at the model's defaults, and settings the model does not take (the
-    sigmoid's ``cmid_grid`` for the power law) are ignored. A ``CurveModel`` passes through as a
-    clone with the settings applied."""
-    if isinstance(name, CurveModel):
-        known = name.get_params()
-        return name.clone(**{k: v for k, v in settings.items() if v is not None and k in known})
-    if name == "sigmoid":
-        from scalefit.fit import SigmoidModel as cls
-    elif name == "power_law":
-        from scalefit.powerlaw import PowerLawModel as cls
-    else:
-        raise FitError(f"unknown fit model {name!r}; one of {', '.join(MODEL_NAMES)}")
-    known = set(inspect.signature(cls.__init__).parameters)
-    return cls(**{k: v for k, v in settings.items() if v is not None and k in known})

@@ -19,7 +19,7 @@ import numpy as np
 from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.grids import parse_grid
-from scalefit.model import MODEL_NAMES
+from scalefit.models import MODEL_NAMES
 from scalefit.pooled import POOLING
 
 
