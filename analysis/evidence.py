@@ -35,17 +35,19 @@ MECHANISMS: dict[str, tuple[str, str, str]] = {
         "mean DAPO overlong penalty per completion",
     ),
 }
-# the columns that show each LOO axis acting; axes with none act by construction (tests/test_axes.py)
-AXIS_COLUMNS: dict[str, tuple[str, ...]] = {
-    "loss": ("clipped (DAPO/GSPO)", "clipped (CISPO)"),
-    "off_policy": ("staleness",),
-    "fp32": ("logp mismatch",),
-    "sampling": ("NPR dropped",),
-    "zero_variance": ("prompts in the loss",),
-    "length": ("interrupted", "length penalty"),
-    "aggregation": (),
-    "advantage": (),
+# the columns that show each recipe setting acting, by the recipe key a variant changes (whatever its
+# campaign calls the axis); settings with none act by construction (tests/test_axes.py)
+KEY_COLUMNS: dict[str, tuple[str, ...]] = {
+    "algorithm.loss": ("clipped (DAPO/GSPO)", "clipped (CISPO)"),
+    "algorithm.off_policy": ("staleness",),
+    "algorithm.fp32_lm_head": ("logp mismatch",),
+    "algorithm.sampling": ("NPR dropped",),
+    "algorithm.zero_variance_filter": ("prompts in the loss",),
+    "length.control": ("interrupted", "length penalty"),
+    "algorithm.aggregation": (),
+    "algorithm.advantage_norm": (),
 }
+NOT_SETTINGS = ("name", "train.seed")  # recipe params that differ between runs of one setting
 RELATIVE = 0.05  # a mechanism metric this far from the baseline's (relative) counts as acting
 
 
@@ -54,11 +56,17 @@ def _reduce(values: list[float], how: str) -> float:
 
 
 def mechanism_runs(curves: pd.DataFrame, client: MlflowClient) -> pd.DataFrame:
-    """One row per run: each mechanism metric reduced over the run (NaN: never logged)."""
+    """One row per run: the recipe keys its variant changes against the baseline (from the recipe
+    each run logged as params), and each mechanism metric reduced over the run (NaN: never logged)."""
     runs = curves.groupby("run_id")[["variant", "axis"]].first().reset_index()
+    params = {r.run_id: client.get_run(r.run_id).data.params for r in runs.itertuples()}
+    base_ids = runs.loc[runs["variant"] == "baseline", "run_id"]
+    base = params[base_ids.iloc[0]] if len(base_ids) else {}
     rows = []
     for r in runs.itertuples():
-        row = {"variant": r.variant, "axis": r.axis if isinstance(r.axis, str) else ""}
+        mine = params[r.run_id]
+        changed = {k for k in set(mine) | set(base) if k not in NOT_SETTINGS and mine.get(k) != base.get(k)}
+        row = {"variant": r.variant, "axis": r.axis if isinstance(r.axis, str) else "", "keys": frozenset(changed)}
         for col, (metric, how, _) in MECHANISMS.items():
             history = sorted(client.get_metric_history(r.run_id, metric), key=lambda m: m.step)
             row[col] = _reduce([m.value for m in history], how)
@@ -67,18 +75,22 @@ def mechanism_runs(curves: pd.DataFrame, client: MlflowClient) -> pd.DataFrame:
 
 
 def acted(runs: pd.DataFrame, identical: set[str] | frozenset[str] = frozenset()) -> pd.DataFrame:
-    """Per variant, the seed mean of each mechanism metric and ``acted``: which of the axis's own
-    metrics left the baseline's range over seeds (and by more than ``RELATIVE``), or appeared or
-    vanished with a non-zero value (a mechanism switched on or off; one logged as 0 never fired).
-    Variants in ``identical`` (mean@16 equal to the baseline's at every step) did not act, whatever
-    their metrics show (e.g. prompts retired by No-Positive-Resampling that were never redrawn)."""
+    """Per variant, the seed mean of each mechanism metric and ``acted``: which metrics of the recipe
+    setting it changes (``KEY_COLUMNS``, by recipe key, whatever the campaign names the axis) left
+    the baseline's range over seeds (and by more than ``RELATIVE``), or appeared or vanished with a
+    non-zero value (a mechanism switched on or off; one logged as 0 never fired). A variant that
+    changes another setting, or several, is a control. Variants in ``identical`` (mean@16 equal to
+    the baseline's at every step) did not act, whatever their metrics show (e.g. prompts retired by
+    No-Positive-Resampling that were never redrawn)."""
     groups = dict(tuple(runs.groupby("variant", sort=False)))
     base = groups.get("baseline")
     rows = []
     for variant in sorted(groups, key=lambda v: v != "baseline"):
         g = groups[variant]
         row = {"variant": variant, "axis": g["axis"].iloc[0], **g[list(MECHANISMS)].mean().to_dict()}
-        cols = AXIS_COLUMNS.get(row["axis"])
+        keys = g["keys"].iloc[0]
+        # a variant of one known setting is judged by that setting's columns; anything else is a control
+        cols = KEY_COLUMNS.get(next(iter(keys))) if len(keys) == 1 else None
         if variant == "baseline" or base is None:
             row["acted"] = ""
         elif cols is None:

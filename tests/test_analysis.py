@@ -334,10 +334,12 @@ def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_h
 
 
 def test_mechanism_table_says_which_axis_acted(tmp_path):
-    """From a real MLflow store: an axis acts when its own metric leaves the baseline's seed range,
+    """From a real MLflow store: a variant acts when a metric of the recipe setting it changes (by
+    recipe key, whatever its campaign calls the axis) leaves the baseline's seed range,
     or appears or vanishes with a non-zero value; one whose metric stays inside it, is logged only
     as 0 (a clip that never fired: the CPU default's DAPO), or whose mean@16 equals the baseline's
     at every step did not act."""
+    from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
     from analysis.evidence import acted, mechanism_runs, to_markdown
@@ -355,16 +357,37 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
         ("sampling=uniform", 0): {},
         ("aggregation=sample", 0): {},
     }
+    baseline = {  # each run logs its recipe as params; a variant changes one key (a control, several)
+        "algorithm.loss": "cispo",
+        "algorithm.fp32_lm_head": "True",
+        "algorithm.sampling": "no_positive_resampling",
+        "algorithm.aggregation": "prompt",
+        "optim.lr": "0.0003",
+    }
+    changes = {
+        "fp32=off": {"algorithm.fp32_lm_head": "False"},
+        "fp32=same": {"algorithm.fp32_lm_head": "False"},
+        "loss=dapo": {"algorithm.loss": "dapo"},
+        "loss=gspo": {"algorithm.loss": "gspo"},
+        "sampling=uniform": {"algorithm.sampling": "uniform"},
+        "aggregation=sample": {"algorithm.aggregation": "sample"},
+        "renamed=dapo": {"algorithm.loss": "dapo"},  # an axis its campaign calls 'renamed': still the loss's
+        "control=lr": {"optim.lr": "0.00015"},
+    }
+    logged[("renamed=dapo", 0)] = {"clip_ratio/region_mean": [0.004, 0.006]}
+    logged[("control=lr", 0)] = {"clip_ratio/region_mean": [0.0, 0.0]}
     rows = []
     for (variant, seed), metrics in logged.items():
         run = client.create_run(exp).info.run_id
+        params = {**baseline, **changes.get(variant, {}), "train.seed": str(seed), "name": f"evidence/{variant}"}
+        client.log_batch(run, params=[Param(k, v) for k, v in params.items()])
         for name, values in metrics.items():
             for step, v in enumerate(values):
                 client.log_metric(run, f"train/{name}", v, step=step)
         if variant.startswith("baseline"):
             client.log_metric(run, "train/npr/dropped_prompts", 9.0, step=1)  # retired, never redrawn
         axis = variant.split("=")[0] if "=" in variant else None
-        rows.append({"run_id": run, "variant": variant, "axis": "fp32" if axis == "fp32" else axis, "seed": seed})
+        rows.append({"run_id": run, "variant": variant, "axis": axis, "seed": seed})
     runs = mechanism_runs(pd.DataFrame(rows), client)
     table = acted(runs, identical={"sampling=uniform"}).set_index("variant")
     assert table.loc["fp32=off", "acted"].startswith("acted: logp mismatch")
@@ -374,6 +397,8 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     assert table.loc["sampling=uniform", "acted"] == "did not act: mean@16 identical to the baseline's at every step"
     assert acted(runs).set_index("variant").loc["sampling=uniform", "acted"].startswith("acted: NPR dropped 9")
     assert table.loc["aggregation=sample", "acted"].startswith("no mechanism metric")
+    assert table.loc["renamed=dapo", "acted"] == table.loc["loss=dapo", "acted"]  # judged by its recipe key
+    assert table.loc["control=lr", "acted"] == "control: see every column"
     assert table.loc["baseline", "logp mismatch"] == pytest.approx(2.15e-4)
     assert "| fp32=off |" in to_markdown(table.reset_index())
 
