@@ -63,6 +63,11 @@ def test_a_ui_whose_mlflow_process_is_killed_fails_leaves_no_worker_and_restarts
     ui = start_ui(store, port, log)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", ui)
+        # the UI command has seen its server answer (it prints the address): a kill now is one of a
+        # started UI, not of a start still polling /health (that one says "stopped before it answered")
+        deadline = time.time() + 60
+        while f"MLflow UI: http://127.0.0.1:{port}" not in log.read_text() and time.time() < deadline:
+            time.sleep(0.1)
         main = mlflow_main(ui.pid)
         tree = [main, *main.children(recursive=True)]
         assert any("uvicorn" in " ".join(p.cmdline()) for p in tree)
