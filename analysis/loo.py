@@ -766,7 +766,8 @@ def plot_campaign(
 ) -> Path | None:
     """The LOO plot: every variant's points, and its fit with both bands where it has one (``extra``
     as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
-    x = _fit_config(fit)[0].x
+    cfg = _fit_config(fit)[0]
+    x = cfg.x
     unfitted = {
         v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
     }
@@ -777,7 +778,7 @@ def plot_campaign(
         path,
         forecasts=extra["forecasts"],
         xlabel=x,
-        title=f"{title}: mean@16 vs compute, {_fit_config(fit, warn=False)[0].model.replace('_', ' ')} fits"
+        title=f"{title}: mean@16 vs compute, {cfg.model.replace('_', ' ')} fits"
         if title
         else None,
         unfitted=unfitted,
