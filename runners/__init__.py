@@ -2,9 +2,9 @@
 
 - ``recipe``: the typed recipe (YAML → dataclasses, errors that name the fix), shared by all below;
 - ``rl/``: the RL core — the trainer (``ScaleRLTrainer`` on TRL's ``GRPOTrainer``), its sampling,
-  rewards and evaluation, the one recipe→TRL mapping (``plan``), memory estimate, and ``train``;
+  sharding, the one recipe→TRL mapping (``plan``), memory estimate, and ``train``;
 - ``task/``: the embedded world a laptop runs offline — the arithmetic task, its tokenizer, the base
-  model built from it, and the datasets;
+  model built from it, the datasets, the rewards and evaluation (imports no ``rl``, no ``recipe``);
 - ``ops/``: operations — campaigns (schema, runs, the local and Ray schedulers, adaptive stops), the
   MLflow contract (``store``) and tracking, PostgreSQL, store transfer, offline wheels;
 - ``cli``: ``python -m runners …``.

@@ -105,9 +105,8 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) 
     cmd += ["--untracked"] if args.untracked else ["--experiment", args.experiment]
     if recipe.model.size is not None:  # build the base model once, here, not in every process
         from runners.task.basemodel import ensure_base_model
-        from runners.task.data import task_of
 
-        ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
+        ensure_base_model(recipe.model.size, recipe.data.task, log=lambda m: print(m, flush=True))
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
     print(f"launching {n} {device} through accelerate ({layout.describe()})", flush=True)
     return subprocess.call(cmd, preexec_fn=parent_death_preexec())  # the launcher dies with this process
@@ -201,13 +200,12 @@ def _single_run(recipe, run_dir: Path, experiment: str) -> tuple[str, bool]:
 
 def cmd_base_model(args: argparse.Namespace) -> int:
     from runners.task.basemodel import ensure_base_model
-    from runners.task.data import task_of
 
     recipe = _recipe(args)
     if recipe.model.size is None:
         raise RecipeError("base-model: this recipe uses model.path, there is nothing to build")
     t0 = time.perf_counter()
-    path = ensure_base_model(recipe.model.size, task_of(recipe), log=lambda m: print(m, flush=True))
+    path = ensure_base_model(recipe.model.size, recipe.data.task, log=lambda m: print(m, flush=True))
     print(f"{path} ({time.perf_counter() - t0:.0f} s)")
     return 0
 

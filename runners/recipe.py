@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from runners.task.rewards import NAMES as REWARD_NAMES
 from runners.task.sizes import SIZES
 from runners.task.tasks import ArithmeticTask
 
@@ -380,8 +381,6 @@ def _require(cond: bool, msg: str) -> None:
 
 def validate(r: Recipe) -> None:
     """Cross-field checks; each message names the key, the value and the fix."""
-    from runners.rl.rewards import NAMES  # noqa: PLC0415
-
     m, a, ln, b = r.model, r.algorithm, r.length, r.batch
     _require(
         (m.size is None) != (m.path is None),
@@ -409,7 +408,7 @@ def validate(r: Recipe) -> None:
     )
     _require(bool(r.data.reward), "data.reward: name at least one reward, e.g. {exact_match: 1.0}")
     for name, w in r.data.reward.items():
-        _require(name in NAMES, f"data.reward.{name}: unknown reward; choose from {', '.join(NAMES)}")
+        _require(name in REWARD_NAMES, f"data.reward.{name}: unknown reward; choose from {', '.join(REWARD_NAMES)}")
         _require(w > 0, f"data.reward.{name} = {w}: weights must be > 0")
     bs = r.data.bertscore
     if "bertscore" in r.data.reward or bs is not None:

@@ -69,7 +69,7 @@ def plain_trl(recipe, out: Path) -> dict[str, float]:
     from runners.task.data import load_rows
 
     model, tok = prepare_model(recipe)
-    rows, _ = load_rows(recipe, tok)
+    rows, _ = load_rows(recipe.data, tok, eval_prompts=recipe.eval.prompts, seed=recipe.train.seed)
     funcs, weights = reward_setup(recipe)
     meter = Throughput(recipe.rollouts)
     args = GRPOConfig(

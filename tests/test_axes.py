@@ -498,7 +498,7 @@ def test_static_kv_cache_samples_the_same_tokens_as_the_dynamic_one(tiny_base, t
 def test_the_static_cache_setting_reaches_generate(tiny_base, tmp_path):
     """``model.generation_cache: static`` arrives at ``generate`` in both places that sample: TRL's
     rollouts (the trainer's generation config) and evaluation (which takes the trainer's setting)."""
-    from runners.rl.evaluation import evaluate
+    from runners.task.evaluation import evaluate
 
     trainer = make_trainer(tiny_base, make_recipe(model={"generation_cache": "static"}), tmp_path)
     model, tok = trainer.model, trainer.processing_class

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from runners.recipe import recipe_from_dict
-from runners.rl.rewards import exact_match, format_reward, math_verify_reward
 from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer
+from runners.task.rewards import exact_match, format_reward, math_verify_reward
 from runners.task.tasks import ArithmeticTask, load_jsonl, solve
 from runners.task.tokenizer import build_tokenizer
 
@@ -72,8 +72,8 @@ def test_rewards():
 
 def test_rouge_l_reward_scores_sentences_and_composes_by_weight():
     from runners.recipe import recipe_from_dict
-    from runners.rl.rewards import correct, rouge_l_reward
     from runners.rl.train import reward_setup
+    from runners.task.rewards import correct, rouge_l_reward
 
     ref = "the cat sat on the mat"
     got = rouge_l_reward(
@@ -241,8 +241,8 @@ def _bertscore_f1_by_hand(model_dir: Path, cand: str, ref: str) -> float:
 
 def test_bertscore_reward_uses_a_local_encoder_and_composes_by_weight(local_encoder, tmp_path):
     from runners.recipe import RecipeError, recipe_from_dict
-    from runners.rl.rewards import BertScoreReward
     from runners.rl.train import reward_setup
+    from runners.task.rewards import BertScoreReward
 
     ref = "paris is the capital of france"
     other = "berlin is the capital of germany"

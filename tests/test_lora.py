@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import load_file
 
 from runners.recipe import RecipeError, load_recipe, recipe_from_dict
-from runners.rl.evaluation import evaluate
 from runners.rl.memory import estimate
 from runners.rl.train import train
 from runners.task.basemodel import load_model_and_tokenizer
 from runners.task.data import load_rows
+from runners.task.evaluation import evaluate
 
 R = 4
 
@@ -63,7 +63,7 @@ def test_a_lora_run_trains_only_adapters_resumes_them_and_its_best_adapters_relo
 
     # the reloaded best adapters reproduce the logged mean@16 (evaluation is seeded by its step)
     best = json.loads((tmp_path / "run" / "best" / "best.json").read_text())
-    _, val = load_rows(recipe, tok)
+    _, val = load_rows(recipe.data, tok, eval_prompts=recipe.eval.prompts, seed=recipe.train.seed)
     again = evaluate(model, tok, val, samples=4, max_new_tokens=recipe.max_completion_tokens, seed=best["step"])
     assert again["mean_at_k"] == pytest.approx(best["val/mean_at_16"])
 

@@ -72,8 +72,8 @@ def test_train_prompts_limits_the_rl_pool_but_not_the_base_model():
 
     full, small = load_recipe("scalerl"), load_recipe("scalerl", {"data.train_prompts": 100})
     tok = build_tokenizer()
-    train_full, val_full = load_rows(full, tok)
-    train_small, val_small = load_rows(small, tok)
+    train_full, val_full = load_rows(full.data, tok, eval_prompts=full.eval.prompts, seed=full.train.seed)
+    train_small, val_small = load_rows(small.data, tok, eval_prompts=small.eval.prompts, seed=small.train.seed)
     assert len(train_small) == 100 and train_small == train_full[:100]  # the first 100, ids kept
     assert val_small == val_full
     assert build_key("small", small.data.task) == build_key("small", full.data.task)  # same base model

@@ -1,3 +1,3 @@
 """The RL core: ``ScaleRLTrainer`` (TRL's ``GRPOTrainer`` with every ScaleRL axis), its prompt
-sampler, rewards and mean@16 evaluation, the recipe→TRL mapping (``plan``), the memory estimate,
-phase profiling, and ``train`` (one run from a recipe, resumable)."""
+sampler, sharding, the recipe→TRL mapping (``plan``), the memory estimate, phase profiling, and
+``train`` (one run from a recipe, resumable)."""

@@ -11,7 +11,7 @@
   (accelerate's ``get_state_dict``, a collective every process calls), written by the main process.
 
 Under FSDP every forward gathers parameters from every process, so every process must make the
-same number of ``generate`` calls (``runners.rl.evaluation`` and the trainer's interruption
+same number of ``generate`` calls (``runners.task.evaluation`` and the trainer's interruption
 continuation see to it); within a call, transformers keeps the processes in step (``synced_gpus``).
 """
 

@@ -33,16 +33,16 @@ from trl.rewards import get_soft_overlong_punishment
 
 from runners.contract import DONE_FILE, MEAN_AT_16, PASS_AT_16, STOP_FILE
 from runners.recipe import Recipe, RecipeError
-from runners.rl.evaluation import evaluate
 from runners.rl.memory import check_fits, estimate, largest_part
 from runners.rl.plan import peft_config, trl_args
 from runners.rl.profiling import PhaseProfiler
-from runners.rl.rewards import CONFIGURED, reward_function
-from runners.rl.sharding import Layout, full_parameters, save_full_model
+from runners.rl.sharding import Layout, full_parameters, is_sharded, save_full_model
 from runners.rl.trainer import ScaleRLTrainer
 from runners.runfolder import RunFolderError, append_json_line, check_writable, claim, disk_full, finished
 from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
-from runners.task.data import load_rows, task_of
+from runners.task.data import load_rows
+from runners.task.evaluation import evaluate
+from runners.task.rewards import CONFIGURED, reward_function
 
 STATE_FILE = "prl_state.json"
 MetricsSink = Callable[[dict[str, float], int], None]
@@ -179,6 +179,7 @@ class Progress(TrainerCallback):
                 reward=self.score,
                 seed=step,
                 accelerator=self.trainer.accelerator,
+                sharded=is_sharded(self.trainer.accelerator),
                 cache_implementation=self.trainer.args.cache_implementation,  # what TRL generates with
             )
         self.eval_profiler.end("evaluation")
@@ -307,7 +308,7 @@ def prepare_model(recipe: Recipe, log=print):
     if recipe.model.path is not None:
         path = Path(recipe.model.path)
     else:
-        path = ensure_base_model(recipe.model.size, task_of(recipe), log=log)
+        path = ensure_base_model(recipe.model.size, recipe.data.task, log=log)
     # fp32 master weights always; model.dtype bfloat16 trains under bf16 autocast (GRPOConfig bf16=True).
     # Pure-bf16 weights with Adam went NaN within 10 steps on an H200 (plain TRL too).
     # QLoRA: frozen NF4 weights (double quantisation), bf16 compute; only the adapters train.
@@ -355,7 +356,7 @@ def train(
     check_quantization(recipe)
     set_seed(recipe.train.seed)
     model, tokenizer = prepare_model(recipe, log=log)
-    train_rows, val_rows = load_rows(recipe, tokenizer)
+    train_rows, val_rows = load_rows(recipe.data, tokenizer, eval_prompts=recipe.eval.prompts, seed=recipe.train.seed)
     ckpt_dir = run_dir / "checkpoints"
     funcs, weights = reward_setup(recipe)
     args = GRPOConfig(

@@ -22,8 +22,8 @@ from datasets import Dataset, disable_progress_bars
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
-from runners.rl.evaluation import evaluate
 from runners.task import sizes
+from runners.task.evaluation import evaluate
 from runners.task.sizes import SIZES, base_model_path, build_key
 from runners.task.tasks import ArithmeticTask
 from runners.task.tokenizer import build_tokenizer

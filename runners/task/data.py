@@ -1,18 +1,25 @@
-"""Train/validation rows for a recipe: the embedded task, or a local JSONL dataset."""
+"""Train/validation rows of a recipe's data section: the embedded task, or a local JSONL dataset."""
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Protocol
 
-from runners.recipe import Recipe
 from runners.task.tasks import ArithmeticTask, load_jsonl, render_prompt
 
 INSTRUCTION = "Think inside <think></think>, then give the final answer inside <answer></answer>."
 
 
-def task_of(recipe: Recipe) -> ArithmeticTask:
-    return recipe.data.task
+class DataSection(Protocol):
+    """What ``load_rows`` reads of a recipe's ``data`` section (``runners.recipe.DataConfig``)."""
+
+    path: str | None
+    val_path: str | None
+    problem_field: str
+    answer_field: str
+    task: ArithmeticTask
+    train_prompts: int | None
 
 
 def _prompt(problem: str, tokenizer) -> str | list[dict]:
@@ -21,24 +28,26 @@ def _prompt(problem: str, tokenizer) -> str | list[dict]:
     return render_prompt(problem)
 
 
-def load_rows(recipe: Recipe, tokenizer) -> tuple[list[dict], list[dict]]:
-    """(train, validation) rows with "prompt", "answer" and a stable "prompt_id"."""
-    d = recipe.data
+def load_rows(data: DataSection, tokenizer, *, eval_prompts: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, validation) rows with "prompt", "answer" and a stable "prompt_id": the first
+    ``eval_prompts`` validation rows (the recipe's ``eval.prompts``). A dataset without ``val_path``
+    holds out ``eval_prompts`` of its rows, drawn with ``seed`` (the recipe's ``train.seed``)."""
+    d = data
     if d.path is None:
-        train, val = task_of(recipe).splits()
+        train, val = d.task.splits()
     else:
         rows = load_jsonl(d.path, problem_field=d.problem_field, answer_field=d.answer_field)
         if d.val_path is not None:
             train, val = rows, load_jsonl(d.val_path, problem_field=d.problem_field, answer_field=d.answer_field)
         else:
-            if len(rows) < 2 * recipe.eval.prompts:
+            if len(rows) < 2 * eval_prompts:
                 raise ValueError(
-                    f"dataset {Path(d.path)}: {len(rows)} rows cannot hold out eval.prompts = {recipe.eval.prompts} "
+                    f"dataset {Path(d.path)}: {len(rows)} rows cannot hold out eval.prompts = {eval_prompts} "
                     "and still train; set data.val_path or lower eval.prompts"
                 )
             order = list(range(len(rows)))
-            random.Random(f"holdout-{recipe.train.seed}").shuffle(order)
-            held = set(order[: recipe.eval.prompts])
+            random.Random(f"holdout-{seed}").shuffle(order)
+            held = set(order[:eval_prompts])
             val = [rows[i] for i in sorted(held)]
             val_problems = {r["problem"] for r in val}
             train = [r for i, r in enumerate(rows) if i not in held and r["problem"] not in val_problems]
@@ -47,4 +56,4 @@ def load_rows(recipe: Recipe, tokenizer) -> tuple[list[dict], list[dict]]:
     if d.train_prompts is not None:  # a small pool is revisited within the budget (No-Positive-Resampling acts)
         train = train[: d.train_prompts]
     train = [{"prompt": r["prompt"], "answer": r["answer"], "prompt_id": i} for i, r in enumerate(train)]
-    return train, val[: recipe.eval.prompts]
+    return train, val[:eval_prompts]

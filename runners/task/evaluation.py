@@ -1,4 +1,5 @@
-"""Validation pass rates: mean@k (the paper's mean@16), pass@k and the format-error rate."""
+"""Validation pass rates: mean@k (the paper's mean@16), pass@k and the format-error rate, of any
+model that ``generate``s: the base-model build's and, on one or several processes, a run's."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from typing import Any
 
 import torch
 
-from runners.rl.rewards import REWARDS, is_well_formed
-from runners.rl.sharding import is_sharded
+from runners.task.rewards import REWARDS, is_well_formed
 
 
 @torch.no_grad()
@@ -26,15 +26,17 @@ def evaluate(
     seed: int = 0,
     n_show: int = 8,
     accelerator=None,
+    sharded: bool = False,
     cache_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Sample ``samples`` completions per prompt (batched) and score them.
 
     With an ``accelerator`` of several processes, each process takes every world-size-th prompt
-    and the sums are reduced across processes: every prompt is evaluated exactly once. Under FSDP
-    (``model`` from ``sharding.full_parameters``) every process makes the same number of ``generate``
-    calls, since each forward gathers parameters from all of them: a process out of prompts
-    generates one discarded sequence per call its peers still make.
+    and the sums are reduced across processes: every prompt is evaluated exactly once. With
+    ``sharded`` (FSDP, ``runners.rl.sharding.is_sharded``; ``model`` from ``full_parameters``)
+    every process makes the same number of ``generate`` calls, since each forward gathers
+    parameters from all of them: a process out of prompts generates one discarded sequence per
+    call its peers still make.
 
     mean_at_k: average over prompts of the fraction of correct samples.
     pass_at_k: fraction of prompts with at least one correct sample.
@@ -47,7 +49,6 @@ def evaluate(
     if world > 1:
         rows = rows[accelerator.process_index :: world]
         seed += 7919 * accelerator.process_index  # different samples on each process
-    sharded = is_sharded(accelerator)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
