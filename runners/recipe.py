@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from runners.losses import LOSSES
 from runners.task.rewards import NAMES as REWARD_NAMES
 from runners.task.sizes import SIZES
 from runners.task.tasks import ArithmeticTask
@@ -75,7 +76,7 @@ class DataConfig:
 
 @dataclass
 class AlgorithmConfig:
-    loss: Literal["cispo", "dapo", "gspo"] = "cispo"
+    loss: str = "cispo"  # a name in runners.losses.LOSSES (cispo | dapo | gspo); its row names its clip below
     cispo_epsilon_max: float = 5.0
     dapo_epsilon: tuple[float, float] = (0.2, 0.28)
     gspo_epsilon: tuple[float, float] = (3e-3, 4e-3)
@@ -431,9 +432,12 @@ def validate(r: Recipe) -> None:
             bs.num_layers is None or bs.num_layers >= 1,
             f"data.bertscore.num_layers = {bs.num_layers}: a layer number >= 1, or null for the last",
         )
-    _require(a.cispo_epsilon_max > 0, f"algorithm.cispo_epsilon_max = {a.cispo_epsilon_max}: must be > 0 (paper: 4-8)")
-    for key, (lo, hi) in (("dapo_epsilon", a.dapo_epsilon), ("gspo_epsilon", a.gspo_epsilon)):
-        _require(0 < lo < 1 and hi > 0, f"algorithm.{key} = {[lo, hi]}: need 0 < low < 1 and high > 0")
+    _require(a.loss in LOSSES, f"algorithm.loss = {a.loss!r} is not allowed; choose one of: {', '.join(LOSSES)}")
+    for loss in LOSSES.values():  # every loss's clip, whichever loss runs
+        clip = getattr(a, loss.epsilon_field)
+        problem = loss.clip_problem(clip)
+        shown = list(clip) if isinstance(clip, tuple) else clip
+        _require(problem is None, f"algorithm.{loss.epsilon_field} = {shown}: {problem}")
     _require(0 < a.npr_threshold <= 1, f"algorithm.npr_threshold = {a.npr_threshold}: must be in (0, 1]")
     _require(a.off_policy_k >= 1, f"algorithm.off_policy_k = {a.off_policy_k}: must be >= 1")
     _require(

@@ -9,6 +9,7 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig
 
+from runners.losses import LOSSES
 from runners.recipe import RecipeError, recipe_from_dict
 from runners.rl.plan import trl_args
 from runners.rl.sampling import NoPositiveResamplingSampler
@@ -380,14 +381,16 @@ def test_off_policy_and_batch_shape_map_to_trl(algo, k, micro, updates, accum):
 
 
 def test_loss_type_mapping():
-    for loss, (lt, level, eps_hi) in {
-        "cispo": ("cispo", "token", 5.0),
-        "dapo": ("dapo", "token", 0.28),
-        "gspo": ("dapo", "sequence", 4e-3),
-    }.items():
+    expected = {
+        "cispo": ("cispo", "token", 0.2, 5.0),
+        "dapo": ("dapo", "token", 0.2, 0.28),
+        "gspo": ("dapo", "sequence", 3e-3, 4e-3),
+    }
+    assert set(expected) == set(LOSSES)  # a new loss in runners.losses gets its expected TRL arguments here
+    for loss, (lt, level, eps, eps_hi) in expected.items():
         t = trl_args(make_recipe(algorithm={"loss": loss}))
         assert (t["loss_type"], t["importance_sampling_level"]) == (lt, level)
-        assert math.isclose(t["epsilon_high"], eps_hi)
+        assert math.isclose(t["epsilon"], eps) and math.isclose(t["epsilon_high"], eps_hi)
 
 
 def test_pipeline_lag_trains_on_the_batch_generated_lag_steps_earlier(random_model_dir, tmp_path):

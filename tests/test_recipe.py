@@ -43,6 +43,8 @@ def test_inheritance_and_overrides(tmp_path):
     [
         ({"algorithm.los": "dapo"}, r"unknown key 'algorithm.los'; did you mean 'loss'"),
         ({"algorithm.loss": "ppo"}, r"algorithm.loss = 'ppo' is not allowed; choose one of: cispo, dapo, gspo"),
+        ({"algorithm.cispo_epsilon_max": 0}, r"algorithm.cispo_epsilon_max = 0.0: must be > 0 \(paper: 4-8\)$"),
+        ({"algorithm.gspo_epsilon": [0, 4e-3]}, r"algorithm.gspo_epsilon = \[0.0, 0.004\]: need 0 < low < 1 and high"),
         ({"optim.lr": "fast"}, r"optim.lr = 'fast': expected a number"),
         ({"batch.prompts": 2.5}, r"batch.prompts = 2.5: expected an integer"),
         ({"algorithm.fp32_lm_head": "yes"}, r"expected true or false"),
@@ -77,6 +79,17 @@ def test_train_prompts_limits_the_rl_pool_but_not_the_base_model():
     assert len(train_small) == 100 and train_small == train_full[:100]  # the first 100, ids kept
     assert val_small == val_full
     assert build_key("small", small.data.task) == build_key("small", full.data.task)  # same base model
+
+
+def test_recipes_and_the_plan_load_without_torch():
+    """Loading a campaign validates its recipes (``analysis fit`` does, and never trains): the recipe,
+    its loss table, reward names and the plan import no torch, transformers or TRL."""
+    probe = (
+        "import sys, runners.recipe, runners.rl.plan; "
+        "print([m for m in ('torch', 'transformers', 'trl') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_missing_recipe_lists_known_ones():

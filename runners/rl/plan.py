@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from runners.losses import LOSSES
 from runners.recipe import Recipe, RecipeError
 from runners.rl.memory import GRADIENT_CHECKPOINTING, estimate, format_estimate
 from runners.rl.sharding import Layout
 
-LOSS_TYPES = {"cispo": "cispo", "dapo": "dapo", "gspo": "dapo"}  # token-level normalisers; see runners.rl.trainer
 ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
 
 
@@ -32,14 +32,11 @@ def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
             f"{r.mini_batch // world_size} completions on {world_size} processes; use a divisor of it"
         )
     grad_accum = r.mini_batch // (micro * world_size)
-    eps_low, eps_high = {
-        "cispo": (0.2, a.cispo_epsilon_max),  # CISPO uses only epsilon_high (= ε_max)
-        "dapo": a.dapo_epsilon,
-        "gspo": a.gspo_epsilon,
-    }[a.loss]
+    loss = LOSSES[a.loss]  # TRL's token-level normalisers (cispo, dapo): see runners.rl.trainer
+    eps_low, eps_high = loss.trl_epsilons(getattr(a, loss.epsilon_field))
     return {
-        "loss_type": LOSS_TYPES[a.loss],
-        "importance_sampling_level": "sequence" if a.loss == "gspo" else "token",
+        "loss_type": loss.trl_loss_type,
+        "importance_sampling_level": loss.importance_sampling_level,
         "epsilon": eps_low,
         "epsilon_high": eps_high,
         "cast_lm_head_to_fp32": a.fp32_lm_head,
