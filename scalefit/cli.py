@@ -18,10 +18,10 @@ import pandas as pd
 from scalefit.compare import compare_fits
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.fit import SigmoidFit, fit_sigmoid
 from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
 from scalefit.grids import parse_grid
-from scalefit.powerlaw import fit_power_law
+from scalefit.model import CurveFit, CurveModel
+from scalefit.models import MODEL_NAMES, make_model
 
 Curves = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
@@ -89,31 +89,43 @@ def _line_of(path: Path, row: int) -> int:
     return row + 2
 
 
-def _fit_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def _model(args: argparse.Namespace) -> CurveModel:
+    """The ``--model`` with the settings given on the command line; a setting the model does not
+    take (the sigmoid's ``--r0`` or ``--cmid-grid`` for the power law) is refused, naming the option."""
     cmid: Any = args.cmid_grid
-    if cmid not in ("paper", "auto"):  # fit_sigmoid takes the two names itself
+    if cmid not in (None, "paper", "auto"):  # the sigmoid takes the two names itself
         cmid = parse_grid(cmid, name="--cmid-grid", kind="count")
     a_grid = parse_grid(args.a_grid, name="--a-grid", kind="step") if args.a_grid else None
-    return dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
+    given = dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
+    model = make_model(args.model, **given)
+    takes = model.get_params()
+    foreign = [_option(k) for k, v in given.items() if v is not None and k not in takes]
+    if foreign:
+        own = ", ".join(_option(k) for k in given if k in takes)
+        raise FitError(
+            f"{', '.join(foreign)}: not a setting of the {args.model} model (its options: {own}); "
+            "leave it out, or fit another --model"
+        )
+    return model
 
 
-def _summary(name: str, f: SigmoidFit, fc: Forecast | None, extra: dict[str, Any]) -> str:
+def _option(setting: str) -> str:
+    return "--" + setting.replace("_", "-")
+
+
+def _summary(name: str, f: CurveFit, fc: Forecast | None, extra: dict[str, Any]) -> str:
     def iv(p: str) -> str:
         if fc is None:
             return ""
         lo, hi = fc.interval(p)
         return f"  [{lo:.4g}, {hi:.4g}] ({fc.level:.0%} interval, correlated bootstrap)"
 
+    r0 = f", R0 = {f.R0:.3f}" if hasattr(f, "R0") else ""
     lines = [
-        f"{name}: {f.n_points} points fitted, compute {f.compute.min():.4g}..{f.compute.max():.4g}, R0 = {f.R0:.3f}",
-        f"  A      {f.A:.3f}{iv('A')}",
-        f"  B      {f.B:.3f}{iv('B')}",
-        f"  C_mid  {f.C_mid:.4g}{iv('C_mid')}",
+        f"{name}: {f.name} model, {f.n_points} points fitted, compute {f.compute.min():.4g}..{f.compute.max():.4g}{r0}",
+        *(f"  {p:<7}{v:{'.3f' if p in ('A', 'B') else '.4g'}}{iv(p)}" for p, v in f.params.items()),
         f"  SSE    {f.sse:.4g}",
     ]
-    if "power_law" in extra:
-        pl = extra["power_law"]
-        lines.append(f"  power law A - D/C^B on the same points: A {pl['A']:.3f}, B {pl['B']:.3f}, SSE {pl['sse']:.4g}")
     if fc is not None:
         n = fc.noise
         lines.append(
@@ -152,16 +164,16 @@ def _summary(name: str, f: SigmoidFit, fc: Forecast | None, extra: dict[str, Any
     return "\n".join(lines)
 
 
-def _fit_one(name: str, c, v, seeds, kwargs: dict[str, Any]) -> SigmoidFit:
+def _fit_one(name: str, c, v, seeds, model: CurveModel) -> CurveFit:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the fit carries its warnings; they are printed with it
-            return fit_sigmoid(c, v, runs=seeds, **kwargs)
+            return model.clone().fit(c, v, runs=seeds).result_
     except FitError as e:
         raise FitError(f"{name}: {e}") from None
 
 
-def _forecast(f: SigmoidFit, args: argparse.Namespace) -> Forecast | None:
+def _forecast(f: CurveFit, args: argparse.Namespace) -> Forecast | None:
     if args.bootstrap == 0:
         return None
     return forecast(
@@ -206,13 +218,13 @@ def check_writable(dest: str | os.PathLike | None, option: str) -> None:
 def cmd_fit(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
+    model = _model(args)
     curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
-    kwargs = _fit_kwargs(args)
     fits, fcs, results, texts, failed = {}, {}, {}, [], {}
     for name, (c, v, seeds) in curves.items():
-        print(f"fitting {name} ({len(c)} points)...", file=sys.stderr)
+        print(f"fitting {name} ({len(c)} points, {model.name} model)...", file=sys.stderr)
         try:
-            f = _fit_one(name, c, v, seeds, kwargs)
+            f = _fit_one(name, c, v, seeds, model)
         except FitError as e:  # one bad curve of many: the others are still fitted and reported
             if len(curves) == 1:
                 raise
@@ -230,10 +242,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
                 extra["heldout"] = out["forecast"]["heldout"]
                 final = max(extra["heldout"], key=lambda r: r["compute"])
                 out["extrapolation"]["final_interval"] = final["prediction_band"]
-        if args.power_law:
-            extra["power_law"] = out["power_law"] = fit_power_law(
-                c, v, exclude_below=args.exclude_below, fit_upto=args.fit_upto
-            ).to_dict()
         fits[name], results[name] = f, out
         if fc is not None:
             fcs[name] = fc
@@ -262,6 +270,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
+    model = _model(args)
     curves = read_curves(args.csv, args.x, args.y, args.run_col, args.seed_col)
     if len(curves) < 2:
         raise FitError(
@@ -270,8 +279,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     if args.baseline not in curves:
         raise FitError(f"--baseline {args.baseline!r} is not a run in {args.csv}; runs are {', '.join(curves)}")
-    kwargs = _fit_kwargs(args)
-    fits = {name: _fit_one(name, c, v, seeds, kwargs) for name, (c, v, seeds) in curves.items()}
+    fits = {name: _fit_one(name, c, v, seeds, model) for name, (c, v, seeds) in curves.items()}
     fcs = {name: _forecast(f, args) for name, f in fits.items()}
     base = fits[args.baseline]
     results = {}
@@ -287,7 +295,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Fit the bundled example: synthetic curves from the paper's Table 1, two seeds each."""
+    """Fit the bundled example: synthetic curves from the paper's Table 1, with the sigmoid and then
+    the power law on the same points."""
     from scalefit.synthetic import table1_frame
 
     out = Path(args.out)
@@ -298,29 +307,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "run in ['ScaleRL', 'ScaleRL-32k', 'ScaleRL-8gen', 'math+code/code']"
     ).to_csv(csv, index=False)
     print(f"example curves (paper App. Table 1 parameters + mean@16 noise, to 16k GPU-hours) → {csv}")
-    argv = [
-        "fit",
-        str(csv),
-        "--x",
-        "gpu_hours",
-        "--y",
-        "mean_at_16",
-        "--exclude-below",
-        "1500",
-        "--fit-upto",
-        "8000",
-        "--cmid-grid",
-        "paper",
-        "--eval-prompts",
-        "1000",
-        "--power-law",
-        "--json",
-        str(out / "fit.json"),
-        "--plot",
-        str(out / "fit.png"),
+    base = ["fit", str(csv), "--x", "gpu_hours", "--y", "mean_at_16", "--exclude-below", "1500", "--fit-upto", "8000"]
+    runs = [
+        [*base, "--cmid-grid", "paper", "--eval-prompts", "1000"]
+        + ["--json", str(out / "fit.json"), "--plot", str(out / "fit.png")],
+        [*base, "--model", "power_law", "--bootstrap", "0"],  # App. A.7: its A overshoots the ceiling
     ]
-    print("python -m scalefit " + " ".join(argv))
-    return main(argv)
+    code = 0
+    for argv in runs:
+        print("python -m scalefit " + " ".join(argv))
+        code = max(code, main(argv))
+    return code
 
 
 def _write_json(payload: dict[str, Any], dest: str | None) -> None:
@@ -340,15 +337,27 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--x", required=True, help="compute column (GPU-hours, tokens, FLOPs, ...)")
     p.add_argument("--y", required=True, help="pass-rate column in [0, 1] (mean@16)")
     p.add_argument("--run-col", default="run", help="column naming the curve of each row (default: run)")
-    p.add_argument("--r0", type=float, help="pass rate at zero compute (default: value at the smallest compute)")
+    p.add_argument(
+        "--r0", type=float, help="sigmoid's pass rate at zero compute (default: value at the smallest compute)"
+    )
     p.add_argument("--exclude-below", type=float, metavar="C", help="drop points with compute < C (paper: 1.5k GPU-h)")
     p.add_argument("--fit-upto", type=float, metavar="C", help="fit only points with compute <= C; report error beyond")
-    p.add_argument("--a-grid", metavar="LO:HI:STEP", help="A grid (default 0.45:0.80:0.005, the paper's)")
+    p.add_argument(
+        "--model",
+        choices=MODEL_NAMES,
+        default="sigmoid",
+        help="the curve fitted: sigmoid (ScaleRL's, the default) or power_law (A - D/C^B, the paper's comparison "
+        "form, App. A.7: compared on predicted values at the budget, its A being no identified ceiling)",
+    )
+    p.add_argument(
+        "--a-grid",
+        metavar="LO:HI:STEP",
+        help="A grid (default: the sigmoid's 0.45:0.80:0.005, the paper's; the power law's 0.45:1.00:0.005)",
+    )
     p.add_argument(
         "--cmid-grid",
-        default="auto",
         metavar="paper|auto|LO:HI:N",
-        help="C_mid grid: 'paper' = 100 values in [100, 40000] (GPU-hours); "
+        help="sigmoid's C_mid grid: 'paper' = 100 values in [100, 40000] (GPU-hours); "
         "'auto' (default) = 100 values in [C_max/100, 4 C_max]; or LO:HI:N linear",
     )
     p.add_argument("--seed-col", help="column naming the seed of each row, when one run's rows come from several seeds")
@@ -400,13 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m scalefit",
         description="Fit R(C) = R0 + (A - R0) / (1 + (C_mid / C)^B) to compute→pass-rate curves "
         "with the ScaleRL paper's procedure (grid over A and C_mid, least squares for B, then a continuous "
-        "polish), with a confidence band (the mean curve), a prediction band calibrated by backtests "
-        "(where an evaluation lands) and a predictable / not yet predictable verdict.",
+        "polish), or another --model (power_law: A - D/C^B), with a confidence band (the mean curve), a "
+        "prediction band calibrated by backtests (where an evaluation lands) and a predictable / not yet "
+        "predictable verdict.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("fit", help="fit each curve of a CSV", description="Fit each curve of a CSV.")
     _add_fit_options(p)
-    p.add_argument("--power-law", action="store_true", help="also fit the power law A - D/C^B (App. A.7)")
     p.add_argument("--plot", metavar="PATH.png", help="draw data, fits, extrapolation, confidence and prediction bands")
     p.set_defaults(func=cmd_fit)
     p = sub.add_parser(

@@ -268,6 +268,57 @@ def test_cli_compare(tmp_path):
     assert cmp["winner"] == "base" or (cmp["winner"] == "undecided" and "not yet predictable" in cmp["verdict"])
 
 
+def test_cli_fits_and_compares_with_the_model_it_is_given(tmp_path):
+    """`--model` picks any fit model by its campaign name (default the sigmoid): the summary and the
+    JSON name it, the parameters, bands and verdict are that model's (App. A.7: the power law's A
+    overshoots a saturating run), and a name or a setting the model lacks is refused in one line."""
+    from scalefit.models import MODELS
+
+    c, v = synthetic_curve(11272, 1.89, 0.645, c_max=50_000.0, seed=4)
+    csv = tmp_path / "run.csv"
+    pd.DataFrame({"hours": c, "pass": v}).to_csv(csv, index=False)
+    common = ("fit", str(csv), "--x", "hours", "--y", "pass", "--exclude-below", "1500", "--json", "-")
+    res = {}
+    for model in MODELS:
+        out = _run_cli(*common, "--model", model, "--bootstrap", "100")
+        res[model] = json.loads(out.stdout)
+        assert res[model]["model"] == model and f"run: {model}" in out.stderr  # the summary names it
+        assert res[model]["verdict"]["label"] in ("predictable", "not yet predictable")
+        assert all(f"  {p} " in out.stderr for p in MODELS[model].param_names)  # each parameter with its interval
+    assert {"C_mid", "R0"} <= set(res["sigmoid"]) and "D" not in res["sigmoid"]
+    assert "D" in res["power_law"] and "C_mid" not in res["power_law"]
+    assert res["power_law"]["A"] > res["sigmoid"]["A"] + 0.05 and res["sigmoid"]["sse"] < res["power_law"]["sse"]
+    assert json.loads(_run_cli(*common, "--bootstrap", "0").stdout)["model"] == "sigmoid"
+    assert "{sigmoid,power_law}" in _run_cli("fit", "--help").stdout.replace(" ", "")
+    bad = _run_cli(*common, "--model", "spline", check=False)
+    assert bad.returncode == 2 and "invalid choice: 'spline'" in bad.stderr
+    r0 = _run_cli(*common, "--model", "power_law", "--r0", "0.3", check=False)
+    assert r0.returncode == 2 and "--r0" in r0.stderr and "power_law" in r0.stderr and "Traceback" not in r0.stderr
+    frames = [pd.DataFrame({"run": "base", "h": c, "m": v})]
+    frames.append(pd.DataFrame({"run": "worse", "h": c, "m": v - 0.08}))
+    pd.concat(frames).to_csv(csv, index=False)
+    out = _run_cli(
+        "compare",
+        str(csv),
+        "--x",
+        "h",
+        "--y",
+        "m",
+        "--baseline",
+        "base",
+        "--model",
+        "power_law",
+        "--bootstrap",
+        "0",
+        "--exclude-below",
+        "1500",
+        "--json",
+        "-",
+    )
+    cmp = json.loads(out.stdout)["comparisons"]["worse"]  # no asymptote: predicted values at the budget
+    assert cmp["rule"] == "value" and cmp["winner"] == "base"
+
+
 def test_sigmoid_is_r0_at_zero_and_a_at_infinity():
     assert sigmoid(0.0, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.2)
     assert sigmoid(1e12, 0.6, 2.0, 100.0, 0.2) == pytest.approx(0.6)
