@@ -66,7 +66,12 @@ def mechanism_runs(curves: pd.DataFrame, client: MlflowClient) -> pd.DataFrame:
     for r in runs.itertuples():
         mine = params[r.run_id]
         changed = {k for k in set(mine) | set(base) if k not in NOT_SETTINGS and mine.get(k) != base.get(k)}
-        row = {"variant": r.variant, "axis": r.axis if isinstance(r.axis, str) else "", "keys": frozenset(changed)}
+        row = {
+            "variant": r.variant,
+            "axis": r.axis if isinstance(r.axis, str) else "",
+            "keys": frozenset(changed),
+            "recipe logged": bool(mine) and bool(base),  # without both recipes, what it changes is unknown
+        }
         for col, (metric, how, _) in MECHANISMS.items():
             history = sorted(client.get_metric_history(r.run_id, metric), key=lambda m: m.step)
             row[col] = _reduce([m.value for m in history], how)
@@ -93,6 +98,13 @@ def acted(runs: pd.DataFrame, identical: set[str] | frozenset[str] = frozenset()
         cols = KEY_COLUMNS.get(next(iter(keys))) if len(keys) == 1 else None
         if variant == "baseline" or base is None:
             row["acted"] = ""
+        elif not (g["recipe logged"].all() and base["recipe logged"].all()):
+            row["acted"] = (
+                "unknown: a run of this variant or of the baseline logged no recipe params, so which"
+                " setting it changes cannot be read (runs from an older store or another tool)"
+            )
+        elif not keys:
+            row["acted"] = "unknown: its recipe equals the baseline's (it changes no setting)"
         elif cols is None:
             row["acted"] = "control: see every column"
         elif variant in identical:

@@ -338,7 +338,8 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     recipe key, whatever its campaign calls the axis) leaves the baseline's seed range,
     or appears or vanishes with a non-zero value; one whose metric stays inside it, is logged only
     as 0 (a clip that never fired: the CPU default's DAPO), or whose mean@16 equals the baseline's
-    at every step did not act."""
+    at every step did not act. A run without recipe params, or a variant with the baseline's recipe,
+    is unknown, not a control."""
     from mlflow.entities import Param
     from mlflow.tracking import MlflowClient
 
@@ -376,11 +377,14 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     }
     logged[("renamed=dapo", 0)] = {"clip_ratio/region_mean": [0.004, 0.006]}
     logged[("control=lr", 0)] = {"clip_ratio/region_mean": [0.0, 0.0]}
+    logged[("imported=old", 0)] = {"clip_ratio/region_mean": [0.004, 0.006]}  # a run that logged no recipe
+    logged[("same=recipe", 0)] = {}
     rows = []
     for (variant, seed), metrics in logged.items():
         run = client.create_run(exp).info.run_id
         params = {**baseline, **changes.get(variant, {}), "train.seed": str(seed), "name": f"evidence/{variant}"}
-        client.log_batch(run, params=[Param(k, v) for k, v in params.items()])
+        if variant != "imported=old":
+            client.log_batch(run, params=[Param(k, v) for k, v in params.items()])
         for name, values in metrics.items():
             for step, v in enumerate(values):
                 client.log_metric(run, f"train/{name}", v, step=step)
@@ -399,6 +403,8 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     assert table.loc["aggregation=sample", "acted"].startswith("no mechanism metric")
     assert table.loc["renamed=dapo", "acted"] == table.loc["loss=dapo", "acted"]  # judged by its recipe key
     assert table.loc["control=lr", "acted"] == "control: see every column"
+    assert table.loc["imported=old", "acted"].startswith("unknown: a run of this variant or of the baseline logged no")
+    assert table.loc["same=recipe", "acted"] == "unknown: its recipe equals the baseline's (it changes no setting)"
     assert table.loc["baseline", "logp mismatch"] == pytest.approx(2.15e-4)
     assert "| fp32=off |" in to_markdown(table.reset_index())
 
