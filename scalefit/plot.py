@@ -15,6 +15,8 @@ import numpy as np  # noqa: E402
 from scalefit.forecast import Forecast  # noqa: E402
 from scalefit.model import CurveFit  # noqa: E402
 
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")  # one a curve, so overlapping curves stay apart
+
 
 def plot_fits(
     fits: Mapping[str, CurveFit],
@@ -34,22 +36,27 @@ def plot_fits(
     verdict in its label; a fit whose optimum sits on a grid edge as points only, and so is each
     curve in ``unfitted`` (name → compute, values: a curve with no fit at all, e.g. a flat one),
     so no measured curve is missing from the figure. Compute is on a log scale, as in the paper.
+    Each curve has its own colour and marker (curves that overlap stay apart), the legend sits
+    outside the axes, and the y-range is the measured values' (not a fixed 0-1) plus the drawn
+    asymptotes inside [0, 1].
     """
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
+    shown: list[np.ndarray] = []  # every value drawn as a point or asymptote: the y-range
     for i, (name, f) in enumerate(fits.items()):
-        color = f"C{i % 10}"
+        color, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
         c_all, v_all = f.inputs
         pos = c_all[c_all > 0]
         lo_c = max(pos.min(), 1e-12) / 1.5
         hi_c = max(c_all.max(), f.compute.max() * 2) * 1.2
         grid = np.geomspace(lo_c, hi_c, 300) if log_x else np.linspace(lo_c, hi_c, 300)
-        ax.scatter(c_all[f.used], v_all[f.used], s=10, color=color, alpha=0.6, linewidths=0)
+        shown.append(np.asarray(v_all, dtype=float))
+        points = ax.scatter(c_all[f.used], v_all[f.used], s=12, color=color, marker=marker, alpha=0.6, linewidths=0)
         if len(f.heldout_compute):
             ax.scatter(
                 f.heldout_compute, f.heldout_value, s=20, facecolors="none", edgecolors=color, label=f"{name}: held out"
             )
         if f.not_identified:  # no identified optimum: its curve would be an artefact
-            ax.scatter([], [], s=10, color=color, label=f"{name}: no identifiable fit (grid edge or bound)")
+            points.set_label(f"{name}: no identifiable fit (grid edge or bound)")
             continue
         fc = forecasts.get(name) if forecasts else None
         ok = fc is None or fc.verdict is None or fc.verdict.predictable
@@ -58,7 +65,16 @@ def plot_fits(
             label += " — not yet predictable"
         cut = f.compute.max()
         seen, beyond = grid <= cut, grid >= cut
-        ax.plot(grid[seen], f.predict(grid[seen]), color=color, label=label, ls="-" if ok else ":")
+        ax.plot(  # its marker shows in the legend only (markevery: none on the line)
+            grid[seen],
+            f.predict(grid[seen]),
+            color=color,
+            label=label,
+            ls="-" if ok else ":",
+            marker=marker,
+            markersize=4,
+            markevery=[],
+        )
         ax.plot(grid[beyond], f.predict(grid[beyond]), color=color, ls="--" if ok else ":")
         if fc is not None:
             plo, phi = fc.prediction_band(grid)
@@ -67,8 +83,11 @@ def plot_fits(
             ax.fill_between(grid, clo, chi, color=color, alpha=0.25, linewidth=0)
         if f.has_asymptote:
             ax.axhline(f.params["A"], color=color, lw=0.6, ls=":")
+            shown.append(np.array([f.params["A"]]))
     for j, (name, (c, v)) in enumerate((unfitted or {}).items()):
-        ax.scatter(c, v, s=10, color=f"C{(len(fits) + j) % 10}", alpha=0.6, marker="x", label=f"{name}: no fit")
+        k = len(fits) + j
+        ax.scatter(c, v, s=14, color=f"C{k % 10}", alpha=0.6, marker=MARKERS[k % len(MARKERS)], label=f"{name}: no fit")
+        shown.append(np.asarray(v, dtype=float))
     if forecasts:
         level = next(iter(forecasts.values())).level
         ax.fill_between([], [], [], color="grey", alpha=0.25, label=f"{level:.0%} confidence band (mean curve)")
@@ -80,10 +99,15 @@ def plot_fits(
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+    values = np.concatenate(shown) if shown else np.array([])
+    values = values[np.isfinite(values) & (values >= 0) & (values <= 1)]
+    if len(values):
+        lo, hi = float(values.min()), float(values.max())
+        pad = max(0.05 * (hi - lo), 0.01)
+        ax.set_ylim(max(lo - pad, 0.0), min(hi + pad, 1.0))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)  # beside the data
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return path

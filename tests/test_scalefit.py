@@ -427,6 +427,16 @@ def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
     assert not any(label.startswith("edge: A=") for label in labels)  # no curve for the edge fit
     assert "edge: no identifiable fit (grid edge or bound)" in ax.get_legend_handles_labels()[1]
     assert ax.get_xscale() == "log"
+    # legible at a glance: the legend beside the axes, not over the data; the y-range the data's
+    fig = saved["fig"]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+    lo, hi = ax.get_ylim()
+    values = np.concatenate([v, flat_c * 0 + 0.46])
+    assert lo <= values.min() and hi >= 0.61 and hi - lo < 0.75  # not a fixed 0-1 axis
+    markers = {tuple(c.get_paths()[0].vertices.round(3).ravel()) for c in ax.collections if len(c.get_offsets())}
+    assert len(markers) >= 3  # each curve's points have their own marker
 
 
 def test_b_never_leaves_its_range_and_a_fit_on_its_bound_says_so():
