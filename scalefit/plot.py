@@ -49,7 +49,7 @@ def plot_fits(
         lo_c = max(pos.min(), 1e-12) / 1.5
         hi_c = max(c_all.max(), f.compute.max() * 2) * 1.2
         grid = np.geomspace(lo_c, hi_c, 300) if log_x else np.linspace(lo_c, hi_c, 300)
-        shown.append(np.asarray(v_all, dtype=float))
+        shown += [np.asarray(v_all[f.used], dtype=float), np.asarray(f.heldout_value, dtype=float)]  # as drawn
         points = ax.scatter(c_all[f.used], v_all[f.used], s=12, color=color, marker=marker, alpha=0.6, linewidths=0)
         if len(f.heldout_compute):
             ax.scatter(
