@@ -131,8 +131,8 @@ def test_plan_cli_reports_errors_without_traceback():
 
 
 def test_plan_of_a_campaign_is_its_baseline_run_as_the_campaign_runs_it():
-    """`make plan CAMPAIGN=loo-cpu`: the recipe with the campaign's overrides (8 prompts a step, not
-    the recipe's 16), and a --set on top."""
+    """`make plan CAMPAIGN=loo-cpu`: the recipe with the campaign's overrides (groups of 8 completions,
+    not the recipe's 16), and a --set on top."""
 
     def plan(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "runners", "plan", *args], capture_output=True, text=True)
@@ -140,8 +140,8 @@ def test_plan_of_a_campaign_is_its_baseline_run_as_the_campaign_runs_it():
     res = plan("--campaign", "loo-cpu")
     assert res.returncode == 0, res.stderr
     assert "campaign loo-cpu" in res.stdout and "Batch plan for recipe 'loo-cpu/baseline'" in res.stdout
-    assert "8 x 16 = 128" in res.stdout and "16 x 16" not in res.stdout
-    assert "8 x 8 = 64" in plan("--campaign", "loo-cpu", "--set", "batch.generations=8").stdout
+    assert "16 x 8 = 128" in res.stdout and "16 x 16" not in res.stdout
+    assert "16 x 4 = 64" in plan("--campaign", "loo-cpu", "--set", "batch.generations=4").stdout
     both = plan("scalerl", "--campaign", "loo-cpu")
     assert both.returncode == 2 and "not both" in both.stderr
     unknown = plan("--campaign", "nosuch")
