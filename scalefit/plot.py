@@ -30,7 +30,8 @@ def plot_fits(
     unfitted: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
 ) -> Path:
     """One figure with each curve's points, its fit (solid up to fit_upto, dashed beyond), its
-    confidence band (dark) and prediction band (light); held-out points as open circles.
+    confidence band (dark) and, where its forecast is predictable, its prediction band (light);
+    held-out points as open circles.
 
     A fit whose forecast is not yet predictable is drawn as points with a dotted curve and the
     verdict in its label; a fit whose optimum sits on a grid edge as points only, and so is each
@@ -42,6 +43,7 @@ def plot_fits(
     """
     fig, ax = plt.subplots(figsize=(11, 5))
     shown: list[np.ndarray] = []  # every value drawn as a point or asymptote: the y-range
+    banded = False  # a prediction band drawn (predictable fits only: overlapping wide bands hide the data)
     for i, (name, f) in enumerate(fits.items()):
         color, marker = f"C{i % 10}", MARKERS[i % len(MARKERS)]
         c_all, v_all = f.inputs
@@ -77,9 +79,11 @@ def plot_fits(
         )
         ax.plot(grid[beyond], f.predict(grid[beyond]), color=color, ls="--" if ok else ":")
         if fc is not None:
-            plo, phi = fc.prediction_band(grid)
+            if ok:  # a forecast the verdict vouches for: where an evaluation lands
+                plo, phi = fc.prediction_band(grid)
+                ax.fill_between(grid, plo, phi, color=color, alpha=0.10, linewidth=0)
+                banded = True
             clo, chi = fc.confidence_band(grid)
-            ax.fill_between(grid, plo, phi, color=color, alpha=0.10, linewidth=0)
             ax.fill_between(grid, clo, chi, color=color, alpha=0.25, linewidth=0)
         if f.has_asymptote:
             ax.axhline(f.params["A"], color=color, lw=0.6, ls=":")
@@ -91,7 +95,9 @@ def plot_fits(
     if forecasts:
         level = next(iter(forecasts.values())).level
         ax.fill_between([], [], [], color="grey", alpha=0.25, label=f"{level:.0%} confidence band (mean curve)")
-        ax.fill_between([], [], [], color="grey", alpha=0.10, label=f"{level:.0%} prediction band (an evaluation)")
+        if banded:
+            label = f"{level:.0%} prediction band (an evaluation; predictable fits only)"
+            ax.fill_between([], [], [], color="grey", alpha=0.10, label=label)
     if log_x:
         ax.set_xscale("log")
     ax.set_xlabel(xlabel + (" (log scale)" if log_x else ""))

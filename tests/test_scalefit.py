@@ -474,3 +474,28 @@ def test_a_fit_whose_reader_stops_early_ends_quietly(tmp_path):
     )
     os.close(write_end)
     assert r.returncode == 141 and "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
+def test_plot_draws_prediction_bands_only_for_forecasts_the_verdict_calls_predictable(tmp_path, monkeypatch):
+    """loo-cpu's first fitted table: four not-yet-predictable variants' wide prediction bands laid
+    over each other hid the data; a band is drawn where the verdict vouches for the forecast."""
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    from scalefit.forecast import forecast
+    from scalefit.plot import plot_fits
+
+    fits = {
+        "long": fit_sigmoid(*synthetic_curve(2542, 1.92, 0.61, c_max=40_000.0, n_points=60, seed=3)),
+        "short": fit_sigmoid(*synthetic_curve(2542, 1.92, 0.61, c_max=3_000.0, n_points=6, seed=4)),
+    }
+    fcs = {k: forecast(f, n_resamples=200, eval_prompts=1000) for k, f in fits.items()}
+    called = {k: fc.verdict.predictable for k, fc in fcs.items()}
+    assert called == {"long": True, "short": False}, called
+    saved = {}
+    monkeypatch.setattr(plt, "close", lambda fig: saved.setdefault("fig", fig))
+    plot_fits(fits, tmp_path / "p.png", forecasts=fcs)
+    ax = saved["fig"].axes[0]
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths()]
+    assert sorted(round(b.get_alpha(), 2) for b in bands) == [0.1, 0.25, 0.25]  # 1 prediction, 2 confidence
+    assert "90% prediction band (an evaluation; predictable fits only)" in ax.get_legend_handles_labels()[1]
