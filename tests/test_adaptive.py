@@ -157,6 +157,7 @@ def test_adaptive_decides_on_completions_not_wall_clock(tmp_path):
     assert np.isclose(camp.adaptive.margin, 0.03)
 
 
+@pytest.mark.slow
 def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_request(tmp_path, monkeypatch, tiny_base):
     """A stop decision recorded by a campaign killed before it could act (the decision tag is on the
     variant's run, no STOP file yet): the next campaign takes the same decision, the run ends at a

@@ -76,6 +76,7 @@ def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
         read_curves(tmp_path / "pooled.csv", fit)
 
 
+@pytest.mark.slow
 def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(tmp_path):
     """`make fit` while a campaign runs (or after a run failed): the variant is fitted on the curves
     so far, and the table and the command say which have not finished, instead of passing a partial
@@ -244,18 +245,24 @@ def test_anomaly_detectors_find_what_was_planted_and_nothing_else():
     assert "56–60" in found["NaN/inf"]
 
 
-def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
+def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path, cli):
     import subprocess
     import sys
 
     from mlflow.tracking import MlflowClient
 
     def report(uri: str, ref: str = "nosuch/seed0") -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "analysis", "report", ref, "--tracking-uri", uri]
-        return subprocess.run(cmd, capture_output=True, text=True)
+        return cli("analysis", "report", ref, "--tracking-uri", uri)
 
-    # a mistyped store path: said so, and no empty store is left there (MLflow would create one)
-    res = report(f"sqlite:///{tmp_path}/typo.db")
+    # a mistyped store path: said so, and no empty store is left there (MLflow would create one);
+    # from the shell, for the real process's exit code and stderr
+    typo = f"sqlite:///{tmp_path}/typo.db"
+    res = subprocess.run(
+        [sys.executable, "-m", "analysis", "report", "nosuch/seed0", "--tracking-uri", typo],
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in res.stderr
     assert res.returncode == 2 and f"no MLflow store at {tmp_path}/typo.db" in res.stderr
     assert not (tmp_path / "typo.db").exists()
     MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()  # an MLflow store without that run
@@ -409,6 +416,7 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     assert "| fp32=off |" in to_markdown(table.reset_index())
 
 
+@pytest.mark.slow
 def test_make_lab_serves_the_notebook_on_localhost_with_a_token_over_the_projects_store():
     """``make lab``: a real JupyterLab on 127.0.0.1, token required, the LOO notebook in it, and the
     project's MLflow store (not the notebook folder's) in the environment its kernels inherit."""

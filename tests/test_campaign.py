@@ -112,6 +112,7 @@ def test_controls_change_exactly_their_keys_and_bad_ones_are_refused(tmp_path):
             expand(load_campaign(write_campaign(tmp_path / "bad.yaml", "bad", 4, {}, controls=bad)))
 
 
+@pytest.mark.slow
 def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_path):
     path = write_campaign(
         tmp_path / "b.yaml",
@@ -136,6 +137,7 @@ def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_pat
         assert "building base model" not in log.read_text()  # neither run built its own
 
 
+@pytest.mark.slow
 def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
     path = write_campaign(
         tmp_path / "tiny.yaml",
@@ -225,6 +227,7 @@ def _kill_tree(pid: int) -> None:
             p.send_signal(signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
     path = write_campaign(tmp_path / "kill.yaml", "kill-resume", 16, {})
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
@@ -270,6 +273,7 @@ def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
         assert resumed == straight, key
 
 
+@pytest.mark.slow
 def test_concurrent_runs_lose_no_metrics(store, tmp_path):
     path = write_campaign(
         tmp_path / "conc.yaml",
@@ -306,6 +310,7 @@ def assert_ran_together(lines: list[str], client: MlflowClient, runs) -> None:
     assert any(a[0] <= b[1] and b[0] <= a[1] for a, b in itertools.combinations(spans, 2)), spans
 
 
+@pytest.mark.slow
 def test_mlflow_ui_serves_the_campaign(store, tmp_path):
     """`make ui`'s server on a store a real campaign wrote: the experiment opens as training runs,
     and each run's mean@16 history is there to chart (what a browser shows: tests/test_ui.py)."""
@@ -346,6 +351,8 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
         ui.wait(timeout=30)
 
 
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow
 def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path):
     """A real local Ray instance: two runs land in MLflow; a run whose process is killed by a signal
     (as a preempted job's is) is retried by Ray and resumes into the same MLflow run."""
@@ -405,7 +412,7 @@ def killer(camp_dir: Path, sig: int):
             if list(camp_dir.glob("baseline-*/checkpoints/checkpoint-2/prl_state.json")):
                 for p in psutil.process_iter(["cmdline"]):
                     cmd = " ".join(p.info["cmdline"] or [])
-                    if "runners train" in cmd and "baseline-seed0" in cmd:
+                    if "runners train" in cmd and f"{camp_dir}/baseline-seed0" in cmd:  # this test's run only
                         p.send_signal(sig)
                         killed.append(p.pid)
             time.sleep(0.2)
@@ -419,6 +426,7 @@ def killer(camp_dir: Path, sig: int):
         watcher.join(timeout=5)
 
 
+@pytest.mark.slow
 def test_local_scheduler_retries_a_run_that_dies_of_a_signal(store, tmp_path):
     """A segfault in native code leaves no Python traceback: the local scheduler says which signal
     killed the run, shows its Python stack (faulthandler) and starts it again from its checkpoint."""
@@ -438,6 +446,7 @@ def test_local_scheduler_retries_a_run_that_dies_of_a_signal(store, tmp_path):
     assert "Fatal Python error: Segmentation fault" in log and "resuming from" in log
 
 
+@pytest.mark.slow
 def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
     path = write_campaign(tmp_path / "segv.yaml", "tiny-segv0", 4, {}, max_retries=0)
     with killer(tmp_path / "artifacts" / "campaigns" / "tiny-segv0", signal.SIGSEGV):
@@ -446,6 +455,7 @@ def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
     assert spec.variant == "baseline" and why.endswith("(died of SIGSEGV (signal 11) after 0 retries)")
 
 
+@pytest.mark.slow
 def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
     """A real PostgreSQL (Debian's binaries) behind ``mlflow server`` with MLflow's basic
     authentication (``tracking-server --auth``), three runs writing at once with the credentials
@@ -531,6 +541,7 @@ def _gone(pid: int) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@pytest.mark.slow
 def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
     """kill -9 of the process that started a local server and of the server's main process leaves
     its uvicorn worker serving (a child of init); the next server for the same store finds it
@@ -548,6 +559,7 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
     assert not record.exists()  # a clean stop leaves no record
 
 
+@pytest.mark.slow
 def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _, stale_pid, worker = _stale_server(tmp_path, store)
@@ -583,6 +595,7 @@ def test_the_ui_of_a_tracking_server_is_the_server_itself():
     assert "http://127.0.0.1:5001 is a tracking server: it serves its own UI" in r.stderr
 
 
+@pytest.mark.slow
 def test_a_local_server_runs_tracking_only(tmp_path):
     """MLflow's server starts a job runner and ~8 huey consumers (~200 MB each) for GenAI jobs
     unless told not to; a campaign's server is the server and its uvicorn worker, no more."""
@@ -687,6 +700,7 @@ def test_out_of_device_memory_is_one_line_naming_the_setting_and_the_rerun_resum
     assert [r["step"] for r in _metric_rows(run)] == [0, 2, 4]
 
 
+@pytest.mark.slow
 def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(store, tmp_path):
     path = write_campaign(tmp_path / "over.yaml", "start-over", 4, {})
     assert not run_campaign(path, log=lambda m: None)["failures"]
@@ -729,6 +743,7 @@ def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest
     assert st.identified_runs(client, exp)["k"].info.run_id == leftover
 
 
+@pytest.mark.slow
 def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
     """Fault injection: a real campaign killed (SIGKILL, whole tree) at random instants, around
     checkpoint saves included, then re-run until done. The finished run must look like an
@@ -798,15 +813,28 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
         ("name: x\nbaseline: scalerl\nfit: {margn: 0.05}\n", "unknown key 'fit.margn'.*did you mean 'fit.margin'"),
     ],
 )
-def test_bad_campaign_files_get_one_clear_line(tmp_path, text, msg):
+def test_bad_campaign_files_get_one_clear_line(tmp_path, cli, text, msg):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(CampaignError, match=msg):
         load_campaign(path)
+    r = cli("runners", "campaign", str(path), "--dry-run")
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
+
+
+def test_a_bad_campaign_file_is_one_line_from_the_shell(tmp_path):
+    """The command line itself, in its own process: exit code 2, one error line, no traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nbaseline: scalerl\nseed: [0]\n")
     r = subprocess.run(
         [sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True, text=True
     )
-    assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: {path}: unknown campaign key 'seed'; did you mean 'seeds'? Valid keys: adaptive, axes, backend, "
+        "baseline, baseline_seeds, controls, fit, gpus_per_run, kind, max_retries, name, overrides, parallel, "
+        "ray_address, runs_per_gpu, seeds, slurm"
+    ]
 
 
 def test_a_listing_whose_reader_stops_early_ends_quietly(tmp_path):
@@ -833,6 +861,7 @@ def test_an_empty_recipe_file_is_refused(tmp_path):
         load_recipe(tmp_path / "empty.yaml")
 
 
+@pytest.mark.slow
 def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands(tmp_path, monkeypatch):
     """Packed runs on one SQLite store can make the tracking server refuse writes for a while
     (loo-gpu3: 13 of 25 runs died of "QueuePool limit ... reached"). The sink retries with

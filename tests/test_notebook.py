@@ -59,6 +59,7 @@ def published(tmp_path):
     return project, uri, campaign
 
 
+@pytest.mark.slow
 def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient

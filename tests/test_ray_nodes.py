@@ -105,6 +105,8 @@ def _placements(run_dir: Path) -> list[str]:
     return [x.split()[3] for x in lines if x.startswith("[placement] ray node ")]
 
 
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow
 def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_path, monkeypatch):
     import ray
 

@@ -55,6 +55,7 @@ def mlflow_main(pid: int) -> psutil.Process:
     return next(p for p in (top, *top.children(recursive=True)) if p.cmdline()[1:3] == ["-m", "mlflow"])
 
 
+@pytest.mark.slow
 def test_a_ui_whose_mlflow_process_is_killed_fails_leaves_no_worker_and_restarts_on_its_port(tmp_path):
     """kill -9 of make ui's mlflow process: its uvicorn worker kept answering /health and the next
     `make ui` on the port logged 'address already in use' and exited 0. Now the UI fails (exit 1)

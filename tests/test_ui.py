@@ -63,6 +63,7 @@ def _wait_healthy(base: str, timeout: float = 120) -> None:
     raise AssertionError(f"no MLflow UI at {base}")
 
 
+@pytest.mark.slow
 def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, tmp_path):
     """A first visit to the printed address lands on the campaign's runs (each one listed, not a
     collapsed parent), in the training workflow (not GenAI), with mean@16 of every run drawn against
