@@ -40,7 +40,7 @@ setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requir
 
 test: $(FULL) postgres chromium slurm ## ruff + the whole test suite, TEST_WORKERS at a time [TEST_WORKERS=2]
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 chromium: # Debian's headless Chromium, for the test that renders the MLflow UI (installed with apt when root)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \

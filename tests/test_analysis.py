@@ -11,6 +11,7 @@ import pytest
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
 from scalefit.curve import sigmoid
 from scalefit.synthetic import synthetic_curve
+from tests.conftest import empty_store
 
 X = "compute/gpu_hours"
 
@@ -102,7 +103,7 @@ def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(t
     assert "(1 of 2 runs unfinished)" in (tmp_path / "fit" / "loo_table.md").read_text()
 
 
-def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
+def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path, store_template):
     """An edited campaign re-run into the same experiment leaves the old version's runs beside the
     new ones, under the same variant and seed: the fit takes the runs the campaign file names now
     and counts the others out; with neither version named, it refuses instead of pooling them."""
@@ -112,7 +113,7 @@ def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
     from runners.contract import MEAN_AT_16
     from runners.ops import store
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("edited")
     for key, start, steps in (("v1", 1_000, 30), ("v2", 2_000, 40)):  # the budget was raised from 30 to 40 steps
@@ -245,7 +246,7 @@ def test_anomaly_detectors_find_what_was_planted_and_nothing_else():
     assert "56–60" in found["NaN/inf"]
 
 
-def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path, cli):
+def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path, cli, store_template):
     import subprocess
     import sys
 
@@ -265,7 +266,7 @@ def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path, cli):
     assert "Traceback" not in res.stderr
     assert res.returncode == 2 and f"no MLflow store at {tmp_path}/typo.db" in res.stderr
     assert not (tmp_path / "typo.db").exists()
-    MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()  # an MLflow store without that run
+    empty_store(store_template, tmp_path / "m.db")  # an MLflow store without that run
     res = report(f"sqlite:///{tmp_path}/m.db")
     assert res.returncode == 2 and "no run with id or name 'nosuch/seed0'" in res.stderr
     assert "it holds no runs yet" in res.stderr
@@ -340,7 +341,7 @@ def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_h
     assert "| measured at half the budget |" in to_markdown(table)
 
 
-def test_mechanism_table_says_which_axis_acted(tmp_path):
+def test_mechanism_table_says_which_axis_acted(tmp_path, store_template):
     """From a real MLflow store: a variant acts when a metric of the recipe setting it changes (by
     recipe key, whatever its campaign calls the axis) leaves the baseline's seed range,
     or appears or vanishes with a non-zero value; one whose metric stays inside it, is logged only
@@ -352,7 +353,7 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
 
     from analysis.evidence import acted, mechanism_runs, to_markdown
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     exp = client.create_experiment("evidence")
     logged = {  # variant/seed → {metric: per-step values}
         ("baseline", 0): {"sampling/sampling_logp_difference/mean": [2.0e-4, 2.2e-4], "cispo_clip_ratio": [0.0, 0.0]},

@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from runners.ops.campaign import CampaignError, expand, load_campaign
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
+from tests.conftest import empty_store
 
 TINY = {
     "model.size": "tiny",
@@ -57,8 +58,8 @@ def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Pa
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tiny_base, store_template):
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     return uri
@@ -274,19 +275,10 @@ def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
 
 
 @pytest.mark.slow
-def test_concurrent_runs_lose_no_metrics(store, tmp_path):
-    path = write_campaign(
-        tmp_path / "conc.yaml",
-        "concurrent",
-        4,
-        {
-            "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]},
-        },
-        parallel=3,
-    )
-    lines: list[str] = []
-    summary = run_campaign(path, log=lines.append)
-    assert summary["ran"] == 3 and not summary["failures"]
+@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
+def test_concurrent_runs_lose_no_metrics(concurrent_campaign):
+    store, lines = concurrent_campaign["store"], concurrent_campaign["lines"]
+    assert concurrent_campaign["ran"] == 3 and not concurrent_campaign["failures"]
     # the three wrote through one local server in front of the SQLite store
     assert any(x.startswith("MLflow tracking server http://127.0.0.1:") and f"store {store}" in x for x in lines)
     client = MlflowClient(store)
@@ -311,12 +303,15 @@ def assert_ran_together(lines: list[str], client: MlflowClient, runs) -> None:
 
 
 @pytest.mark.slow
-def test_mlflow_ui_serves_the_campaign(store, tmp_path):
+@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
+def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatch):
     """`make ui`'s server on a store a real campaign wrote: the experiment opens as training runs,
     and each run's mean@16 history is there to chart (what a browser shows: tests/test_ui.py)."""
-    path = write_campaign(tmp_path / "ui.yaml", "ui-check", 2, {})
-    assert not run_campaign(path, log=lambda m: None)["failures"]
-    exp_id = MlflowClient(store).get_experiment_by_name("ui-check").experiment_id
+    store = concurrent_campaign["store"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.chdir(tmp_path)
+    assert not concurrent_campaign["failures"]
+    exp_id = MlflowClient(store).get_experiment_by_name("concurrent").experiment_id
     port = free_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port)],
@@ -329,7 +324,7 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
         _wait_healthy(base)
         # the owner (runners ui), its mlflow ui and that one uvicorn worker: no job runner (8 more processes)
         assert len(psutil.Process(ui.pid).children(recursive=True)) == 2
-        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ui-check") as r:
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=concurrent") as r:
             exp = json.load(r)["experiment"]
         assert exp["experiment_id"] == exp_id
         assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in exp["tags"]
@@ -341,11 +336,11 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
         )
         with urllib.request.urlopen(req) as r:
             runs = json.load(r)["runs"]
-        assert [r["info"]["run_name"] for r in runs] == ["baseline/seed0"]
-        rid = runs[0]["info"]["run_id"]
-        query = f"run_id={rid}&metric_key=val/mean_at_16"
-        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
-            assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2]
+        assert sorted(r["info"]["run_name"] for r in runs) == ["baseline/seed0", "loss=dapo/seed0", "loss=gspo/seed0"]
+        for run in runs:
+            query = f"run_id={run['info']['run_id']}&metric_key=val/mean_at_16"
+            with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
+                assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2, 4]
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
@@ -542,14 +537,14 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
+def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path, store_template):
     """kill -9 of the process that started a local server and of the server's main process leaves
     its uvicorn worker serving (a child of init); the next server for the same store finds it
     through its record (the token in its environment) and stops it. Before, the record was
     dropped because the main process was dead, and the worker leaked."""
     from runners.ops.tracking import local_server
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = empty_store(store_template, tmp_path / "mlflow.db")
     record, stale_pid, worker = _stale_server(tmp_path, store)
     said = []
     with local_server(store, tmp_path / "art-b", log=said.append) as url:
@@ -560,8 +555,8 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
 
 
 @pytest.mark.slow
-def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path, store_template):
+    store = empty_store(store_template, tmp_path / "mlflow.db")
     _, stale_pid, worker = _stale_server(tmp_path, store)
     port = free_port()
     log = tmp_path / "ui.log"
@@ -596,12 +591,12 @@ def test_the_ui_of_a_tracking_server_is_the_server_itself():
 
 
 @pytest.mark.slow
-def test_a_local_server_runs_tracking_only(tmp_path):
+def test_a_local_server_runs_tracking_only(tmp_path, store_template):
     """MLflow's server starts a job runner and ~8 huey consumers (~200 MB each) for GenAI jobs
     unless told not to; a campaign's server is the server and its uvicorn worker, no more."""
     from runners.ops.tracking import local_server, server_record
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = empty_store(store_template, tmp_path / "mlflow.db")
     with local_server(store, tmp_path / "art", log=lambda m: None) as url:
         assert MlflowClient(url).search_experiments()
         time.sleep(2)  # the job runner, when on, starts after the server answers
@@ -722,13 +717,13 @@ def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(st
     assert list((tmp_path / "artifacts").glob("campaigns/start-over/*/abandoned-*/metrics.jsonl"))
 
 
-def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest(tmp_path):
+def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest(tmp_path, store_template):
     """A kill inside start_over, after the new MLflow run exists and before the old one loses its
     identity, leaves two runs with one identity: the campaign and the fit take the finished one,
     else the newest — never an empty leftover over a finished run, and never an arbitrary one."""
     from runners.ops import store as st
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     exp = client.create_experiment("twins")
 
     def run(start: int, done: bool) -> str:
@@ -862,7 +857,7 @@ def test_an_empty_recipe_file_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands(tmp_path, monkeypatch):
+def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands(tmp_path, monkeypatch, store_template):
     """Packed runs on one SQLite store can make the tracking server refuse writes for a while
     (loo-gpu3: 13 of 25 runs died of "QueuePool limit ... reached"). The sink retries with
     backoff: here the server is down for the first attempts and comes back on the same port."""
@@ -871,7 +866,7 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     from runners.ops.tracking import MlflowSink, local_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
-    store, port = f"sqlite:///{tmp_path / 'mlflow.db'}", free_port()
+    store, port = empty_store(store_template, tmp_path / "mlflow.db"), free_port()
     with local_server(store, tmp_path / "art", port=port, log=lambda m: None) as url:
         client = MlflowClient(url)
         run_id = client.create_run(client.create_experiment("retry")).info.run_id
@@ -897,14 +892,14 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     assert [(m.step, m.value) for m in history] == [(10, 0.5)]
 
 
-def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_path):
+def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_path, store_template):
     """A run that died after writing an evaluation to metrics.jsonl but before MLflow took it
     (loo-gpu3's baseline/seed0 lost step 40 so): the resumed run's sink logs what MLflow lacks;
     a last line cut short by the kill is skipped, not fatal to the resume."""
     from runners.ops.tracking import MlflowSink
     from runners.rl.train import metric_records
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     run_id = client.create_run(client.create_experiment("backfill")).info.run_id
     client.log_metric(run_id, "val/mean_at_16", 0.48, step=0)
     metrics = tmp_path / "metrics.jsonl"

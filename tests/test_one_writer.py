@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
+from tests.conftest import empty_store
 from tests.test_campaign import TINY, history_steps, store, write_campaign  # noqa: F401 - store is a fixture
 
 SETS = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY, "train.steps": 2, "train.save_every": 2}.items()]
@@ -124,10 +125,10 @@ def test_a_folder_of_another_run_is_refused_naming_the_keys(tmp_path):
 
 
 @pytest.mark.slow
-def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, tmp_path, monkeypatch):
+def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, tmp_path, monkeypatch, store_template):
     """Tracked: the second command's MLflow run holds its own evaluations and training steps, never
     the first run's; a finished run re-run adds no MLflow run and no step."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store(store_template, tmp_path / "mlflow.db"))
     assert train_cli(tmp_path).returncode == 0
     second = train_cli(tmp_path, LR)
     assert second.returncode == 0, second.stderr[-3000:]

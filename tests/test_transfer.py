@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from runners.ops.store import IMPORTED_FROM
 from runners.ops.transfer import import_store
 from runners.ops.wheelhouse import read_lock, select
+from tests.conftest import empty_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,8 +71,8 @@ def make_source(uri: str, root: Path) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path):
-    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path, store_template):
+    src, dst = empty_store(store_template, tmp_path / "src.db"), empty_store(store_template, tmp_path / "dst.db")
     parent_id, child_id = make_source(src, tmp_path)
     counts = import_store(src, dst, log=lambda m: None)
     assert counts["runs"] == 2 and counts["metrics"] == 5
