@@ -14,6 +14,8 @@ PORT    ?= 5000
 LAB_PORT ?= 8888
 APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
+# make test's pytest-xdist worker processes (0: one process, as plain pytest runs)
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
@@ -36,9 +38,9 @@ $(FULL): $(STAMP) requirements-full.lock
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
 setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requirements-full.lock)
 
-test: $(FULL) postgres chromium slurm ## ruff + the whole test suite
+test: $(FULL) postgres chromium slurm ## ruff + the whole test suite, TEST_WORKERS at a time [TEST_WORKERS=2]
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 chromium: # Debian's headless Chromium, for the test that renders the MLflow UI (installed with apt when root)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \

@@ -2,30 +2,148 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def session_root(tmp_path_factory) -> Path:
+    """The session's temporary folder, one for all of its xdist workers (each has its own below it)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_cache(root: Path) -> Path:
+    d = root / "cache"
+    d.mkdir(exist_ok=True)
+    return d
+
 
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("cache")
+    """The session's base-model cache (``PRL_CACHE``), shared by its xdist workers."""
+    d = shared_cache(session_root(tmp_path_factory))
     os.environ["PRL_CACHE"] = str(d)
     return d
 
 
-BUILD_LOG: list[str] = []  # what the session's tiny base-model build printed
+BUILD_LOG = "tiny-base-build.log"  # in cache_dir: what the session's tiny base-model build printed
+
+
+def build_tiny_base(cache_dir: Path) -> Path:
+    """The embedded 'tiny' base model in ``cache_dir``, built by the first process to ask (the others
+    wait on its lock); the build's log in ``cache_dir / BUILD_LOG``."""
+    from filelock import FileLock
+
+    from runners.task.basemodel import ensure_base_model
+    from runners.task.tasks import ArithmeticTask
+
+    said: list[str] = []
+    with FileLock(str(cache_dir / "tiny-base.lock")):
+        path = ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=said.append)
+        if said:
+            (cache_dir / BUILD_LOG).write_text("".join(line + "\n" for line in said))
+    return path
 
 
 @pytest.fixture(scope="session")
 def tiny_base(cache_dir) -> Path:
-    """The embedded 'tiny' base model, SFT warm start included (about 15 s on 2 cores)."""
-    from runners.task.basemodel import ensure_base_model
-    from runners.task.tasks import ArithmeticTask
+    """The embedded 'tiny' base model, SFT warm start included (15-60 s on 2 cores), built once per
+    session (under xdist, by the controller while the workers start: ``pytest_sessionstart``)."""
+    return build_tiny_base(cache_dir)
 
-    return ensure_base_model("tiny", ArithmeticTask(), cache_dir / "base-models", log=BUILD_LOG.append)
+
+PREBUILD: list[subprocess.Popen] = []  # the controller's base-model build, under xdist
+
+
+def pytest_sessionstart(session):
+    """Under xdist, the controller starts the session's tiny base-model build in a process of its
+    own, while the workers run the slow tests that need none (ordered first:
+    ``pytest_collection_modifyitems``); a worker that needs it first waits on its lock."""
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        return
+    cache = shared_cache(config._tmp_path_factory.getbasetemp())  # the workers' session_root
+    code = f"from pathlib import Path; from tests.conftest import build_tiny_base as b; b(Path({str(cache)!r}))"
+    with (cache / "tiny-base-prebuild.out").open("w") as out:
+        PREBUILD.append(subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
+
+
+def pytest_sessionfinish(session):
+    for proc in PREBUILD:  # done long before the end, unless the session was cut short
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory) -> Path:
+    """An empty MLflow SQLite store at the installed MLflow's schema, made once per session. A test's
+    new store is a copy of it (:func:`empty_store`): the same empty store, without MLflow creating
+    its tables and running its migrations again (3-6 s a store on 2 cores)."""
+    from filelock import FileLock
+
+    path = session_root(tmp_path_factory) / "empty-mlflow.db"
+    with FileLock(f"{path}.lock"):
+        if not path.is_file():
+            from mlflow.tracking import MlflowClient
+
+            tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+            with pytest.MonkeyPatch.context() as mp:
+                mp.chdir(path.parent)  # the Default experiment's artifact folder: beside it, never in the project
+                MlflowClient(f"sqlite:///{tmp}").search_experiments()
+            tmp.rename(path)
+    return path
+
+
+def empty_store(template: Path, db: Path) -> str:
+    """A new empty MLflow store at ``db`` (a copy of the session's ``store_template``); its URI."""
+    shutil.copyfile(template, db)
+    return f"sqlite:///{db}"
+
+
+@pytest.fixture(scope="session")
+def concurrent_campaign(tmp_path_factory, tiny_base, store_template) -> dict:
+    """A tiny campaign of three runs trained at once (``parallel: 3``: baseline, loss=dapo, loss=gspo,
+    4 steps) through its local MLflow server into a SQLite store, run once per session (the first
+    xdist worker to ask runs it, the others wait on its lock) and read by the tests of what a
+    campaign leaves: that its runs ran together and lost no metric, the MLflow UI's REST API and
+    a browser's first visit. They only read it, except that the browser test's ``analysis fit``
+    adds the fitted table to the parent run and each run's report. Returns the folder it ran in
+    (``root``), the campaign file (``path``), the store URI (``store``), ``ran``, ``failures``
+    and the campaign's log ``lines``."""
+    from filelock import FileLock
+
+    from runners.ops.campaign_runs import run_campaign
+    from tests.test_campaign import write_campaign
+
+    root = session_root(tmp_path_factory) / "concurrent-campaign"
+    store, path, result = f"sqlite:///{root / 'mlflow.db'}", root / "conc.yaml", root / "result.json"
+    with FileLock(str(root.parent / "concurrent-campaign.lock")):
+        if not result.is_file():
+            root.mkdir(exist_ok=True)
+            empty_store(store_template, root / "mlflow.db")
+            axes = {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]}}
+            write_campaign(path, "concurrent", 4, axes, parallel=3)
+            lines: list[str] = []
+            with pytest.MonkeyPatch.context() as mp:  # as `make ablation` runs it: from its folder, on its store
+                mp.chdir(root)
+                mp.setenv("MLFLOW_TRACKING_URI", store)
+                summary = run_campaign(path, log=lines.append)
+            failures = [f"{spec.variant} seed {spec.seed}: {why}" for spec, why in summary["failures"]]
+            result.write_text(json.dumps({"ran": summary["ran"], "failures": failures, "lines": lines}))
+    return {**json.loads(result.read_text()), "root": root, "path": path, "store": store}
 
 
 @pytest.fixture(scope="session")
@@ -55,6 +173,30 @@ def random_model_dir(tmp_path_factory) -> Path:
     return out
 
 
+def run_in_process(tool: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -m runners ARGS`` (or analysis, scalefit) run in this process as its ``__main__`` runs
+    it, as a CompletedProcess (returncode, stdout, stderr). An exception escaping the command, which
+    would print a traceback, fails the test. Error messages are checked so, without 2-5 s of imports
+    each; every command line still runs in a process of its own somewhere in the suite for the exit
+    code and stderr of the real thing (``test_a_bad_campaign_file_is_one_line_from_the_shell``, ...)."""
+    from scalefit.cli import run_cli
+
+    main = importlib.import_module(f"{tool}.cli").main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = run_cli(lambda: main(list(args)))
+        except SystemExit as e:  # argparse: exit 2 with its usage on stderr (0 after --help), as in a shell
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    return subprocess.CompletedProcess([tool, *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    """``cli("runners", *args)``: :func:`run_in_process`."""
+    return run_in_process
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under CI (``CI`` set, as ``.ci/run`` runs), a skipped test is an error: a missing PostgreSQL,
@@ -65,3 +207,11 @@ def pytest_runtest_makereport(item, call):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, which counts as a failure: {reason}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests (``@pytest.mark.slow``: end to end, seconds to minutes each) first, those that
+    need no tiny base model ahead (they run while it is built), then the quick ones, each in
+    collection order: with ``make test``'s xdist workers the quick tests fill the end, so no
+    worker waits alone on a long test at the end of the session."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, "tiny_base" in item.fixturenames))

@@ -14,6 +14,7 @@ from runners.contract import MEAN_AT_16
 from runners.ops.adaptive import decide_at
 from runners.ops.campaign import Adaptive, CampaignError, X, load_campaign
 from scalefit.synthetic import realistic_runs
+from tests.conftest import empty_store
 
 
 def campaign_curves(variants: dict[str, tuple[float, float, float]], budget: float = 40_000.0) -> pd.DataFrame:
@@ -157,7 +158,10 @@ def test_adaptive_decides_on_completions_not_wall_clock(tmp_path):
     assert np.isclose(camp.adaptive.margin, 0.03)
 
 
-def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_request(tmp_path, monkeypatch, tiny_base):
+@pytest.mark.slow
+def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_request(
+    tmp_path, monkeypatch, tiny_base, store_template
+):
     """A stop decision recorded by a campaign killed before it could act (the decision tag is on the
     variant's run, no STOP file yet): the next campaign takes the same decision, the run ends at a
     checkpoint with its history kept, a re-run leaves it stopped, --resume-stopped finishes it."""
@@ -169,7 +173,7 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     from runners.ops.campaign_runs import child_run, run_campaign
     from tests.test_campaign import history_steps, write_campaign
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     path = write_campaign(
@@ -213,7 +217,7 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     assert samples == sorted(samples) and len(samples) == len(set(history_steps(client, run_id, MEAN_AT_16)))
 
 
-def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path):
+def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path, store_template):
     """A kill between tagging one seed's run and the next: the next campaign's monitor applies the
     recorded stop to every run of the variant (tags and STOP files), not only the tagged one."""
     from mlflow.tracking import MlflowClient
@@ -236,7 +240,7 @@ def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path):
             adaptive={"at": [0.5]},
         )
     )
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     members: dict[str, list] = {}
     for spec in expand(camp):
         run = child_run(client, camp, spec)
@@ -295,7 +299,7 @@ def test_a_flat_variant_stops_on_no_gain_against_a_baseline_whose_only_flaw_is_i
     assert not slow.stop
 
 
-def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_worse_variant(tmp_path):
+def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_worse_variant(tmp_path, store_template):
     """The monitor as a campaign runs it: curves logged into a real MLflow store as runs log them,
     no decision until every seed of the variant and of the baseline has reached the point, then
     the worse variant stopped (tags and STOP files) and the close one left running."""
@@ -307,7 +311,7 @@ def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_wor
 
     budget = 40_000.0
     curves = campaign_curves({"baseline": BASE, "worse": (0.55, 2.0, 8_000.0), "close": (0.695, 2.0, 8_000.0)})
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     exp = client.create_experiment("live")
     members: dict[str, list] = {}
     series: dict[str, pd.DataFrame] = {}

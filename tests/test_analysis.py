@@ -11,6 +11,7 @@ import pytest
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
 from scalefit.curve import sigmoid
 from scalefit.synthetic import synthetic_curve
+from tests.conftest import empty_store
 
 X = "compute/gpu_hours"
 
@@ -76,6 +77,7 @@ def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
         read_curves(tmp_path / "pooled.csv", fit)
 
 
+@pytest.mark.slow
 def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(tmp_path):
     """`make fit` while a campaign runs (or after a run failed): the variant is fitted on the curves
     so far, and the table and the command say which have not finished, instead of passing a partial
@@ -101,7 +103,7 @@ def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(t
     assert "(1 of 2 runs unfinished)" in (tmp_path / "fit" / "loo_table.md").read_text()
 
 
-def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
+def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path, store_template):
     """An edited campaign re-run into the same experiment leaves the old version's runs beside the
     new ones, under the same variant and seed: the fit takes the runs the campaign file names now
     and counts the others out; with neither version named, it refuses instead of pooling them."""
@@ -111,7 +113,7 @@ def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path):
     from runners.contract import MEAN_AT_16
     from runners.ops import store
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment("edited")
     for key, start, steps in (("v1", 1_000, 30), ("v2", 2_000, 40)):  # the budget was raised from 30 to 40 steps
@@ -244,21 +246,27 @@ def test_anomaly_detectors_find_what_was_planted_and_nothing_else():
     assert "56–60" in found["NaN/inf"]
 
 
-def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path):
+def test_report_cli_names_a_missing_run_and_a_missing_store(tmp_path, cli, store_template):
     import subprocess
     import sys
 
     from mlflow.tracking import MlflowClient
 
     def report(uri: str, ref: str = "nosuch/seed0") -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "analysis", "report", ref, "--tracking-uri", uri]
-        return subprocess.run(cmd, capture_output=True, text=True)
+        return cli("analysis", "report", ref, "--tracking-uri", uri)
 
-    # a mistyped store path: said so, and no empty store is left there (MLflow would create one)
-    res = report(f"sqlite:///{tmp_path}/typo.db")
+    # a mistyped store path: said so, and no empty store is left there (MLflow would create one);
+    # from the shell, for the real process's exit code and stderr
+    typo = f"sqlite:///{tmp_path}/typo.db"
+    res = subprocess.run(
+        [sys.executable, "-m", "analysis", "report", "nosuch/seed0", "--tracking-uri", typo],
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in res.stderr
     assert res.returncode == 2 and f"no MLflow store at {tmp_path}/typo.db" in res.stderr
     assert not (tmp_path / "typo.db").exists()
-    MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()  # an MLflow store without that run
+    empty_store(store_template, tmp_path / "m.db")  # an MLflow store without that run
     res = report(f"sqlite:///{tmp_path}/m.db")
     assert res.returncode == 2 and "no run with id or name 'nosuch/seed0'" in res.stderr
     assert "it holds no runs yet" in res.stderr
@@ -333,7 +341,7 @@ def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_h
     assert "| measured at half the budget |" in to_markdown(table)
 
 
-def test_mechanism_table_says_which_axis_acted(tmp_path):
+def test_mechanism_table_says_which_axis_acted(tmp_path, store_template):
     """From a real MLflow store: a variant acts when a metric of the recipe setting it changes (by
     recipe key, whatever its campaign calls the axis) leaves the baseline's seed range,
     or appears or vanishes with a non-zero value; one whose metric stays inside it, is logged only
@@ -345,7 +353,7 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
 
     from analysis.evidence import acted, mechanism_runs, to_markdown
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     exp = client.create_experiment("evidence")
     logged = {  # variant/seed → {metric: per-step values}
         ("baseline", 0): {"sampling/sampling_logp_difference/mean": [2.0e-4, 2.2e-4], "cispo_clip_ratio": [0.0, 0.0]},
@@ -409,6 +417,7 @@ def test_mechanism_table_says_which_axis_acted(tmp_path):
     assert "| fp32=off |" in to_markdown(table.reset_index())
 
 
+@pytest.mark.slow
 def test_make_lab_serves_the_notebook_on_localhost_with_a_token_over_the_projects_store():
     """``make lab``: a real JupyterLab on 127.0.0.1, token required, the LOO notebook in it, and the
     project's MLflow store (not the notebook folder's) in the environment its kernels inherit."""

@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from runners.ops.campaign import CampaignError, expand, load_campaign
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
+from tests.conftest import empty_store
 
 TINY = {
     "model.size": "tiny",
@@ -57,8 +58,8 @@ def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Pa
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tiny_base, store_template):
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     return uri
@@ -112,6 +113,7 @@ def test_controls_change_exactly_their_keys_and_bad_ones_are_refused(tmp_path):
             expand(load_campaign(write_campaign(tmp_path / "bad.yaml", "bad", 4, {}, controls=bad)))
 
 
+@pytest.mark.slow
 def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_path):
     path = write_campaign(
         tmp_path / "b.yaml",
@@ -136,6 +138,7 @@ def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_pat
         assert "building base model" not in log.read_text()  # neither run built its own
 
 
+@pytest.mark.slow
 def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
     path = write_campaign(
         tmp_path / "tiny.yaml",
@@ -225,6 +228,7 @@ def _kill_tree(pid: int) -> None:
             p.send_signal(signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
     path = write_campaign(tmp_path / "kill.yaml", "kill-resume", 16, {})
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
@@ -270,19 +274,11 @@ def test_sigkill_mid_run_resumes_without_gaps_or_duplicates(store, tmp_path):
         assert resumed == straight, key
 
 
-def test_concurrent_runs_lose_no_metrics(store, tmp_path):
-    path = write_campaign(
-        tmp_path / "conc.yaml",
-        "concurrent",
-        4,
-        {
-            "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]},
-        },
-        parallel=3,
-    )
-    lines: list[str] = []
-    summary = run_campaign(path, log=lines.append)
-    assert summary["ran"] == 3 and not summary["failures"]
+@pytest.mark.slow
+@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
+def test_concurrent_runs_lose_no_metrics(concurrent_campaign):
+    store, lines = concurrent_campaign["store"], concurrent_campaign["lines"]
+    assert concurrent_campaign["ran"] == 3 and not concurrent_campaign["failures"]
     # the three wrote through one local server in front of the SQLite store
     assert any(x.startswith("MLflow tracking server http://127.0.0.1:") and f"store {store}" in x for x in lines)
     client = MlflowClient(store)
@@ -306,12 +302,16 @@ def assert_ran_together(lines: list[str], client: MlflowClient, runs) -> None:
     assert any(a[0] <= b[1] and b[0] <= a[1] for a, b in itertools.combinations(spans, 2)), spans
 
 
-def test_mlflow_ui_serves_the_campaign(store, tmp_path):
+@pytest.mark.slow
+@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
+def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatch):
     """`make ui`'s server on a store a real campaign wrote: the experiment opens as training runs,
     and each run's mean@16 history is there to chart (what a browser shows: tests/test_ui.py)."""
-    path = write_campaign(tmp_path / "ui.yaml", "ui-check", 2, {})
-    assert not run_campaign(path, log=lambda m: None)["failures"]
-    exp_id = MlflowClient(store).get_experiment_by_name("ui-check").experiment_id
+    store = concurrent_campaign["store"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    monkeypatch.chdir(tmp_path)
+    assert not concurrent_campaign["failures"]
+    exp_id = MlflowClient(store).get_experiment_by_name("concurrent").experiment_id
     port = free_port()
     ui = subprocess.Popen(
         [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port)],
@@ -324,7 +324,7 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
         _wait_healthy(base)
         # the owner (runners ui), its mlflow ui and that one uvicorn worker: no job runner (8 more processes)
         assert len(psutil.Process(ui.pid).children(recursive=True)) == 2
-        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=ui-check") as r:
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=concurrent") as r:
             exp = json.load(r)["experiment"]
         assert exp["experiment_id"] == exp_id
         assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in exp["tags"]
@@ -336,16 +336,18 @@ def test_mlflow_ui_serves_the_campaign(store, tmp_path):
         )
         with urllib.request.urlopen(req) as r:
             runs = json.load(r)["runs"]
-        assert [r["info"]["run_name"] for r in runs] == ["baseline/seed0"]
-        rid = runs[0]["info"]["run_id"]
-        query = f"run_id={rid}&metric_key=val/mean_at_16"
-        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
-            assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2]
+        assert sorted(r["info"]["run_name"] for r in runs) == ["baseline/seed0", "loss=dapo/seed0", "loss=gspo/seed0"]
+        for run in runs:
+            query = f"run_id={run['info']['run_id']}&metric_key=val/mean_at_16"
+            with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
+                assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2, 4]
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
 
 
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow
 def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path):
     """A real local Ray instance: two runs land in MLflow; a run whose process is killed by a signal
     (as a preempted job's is) is retried by Ray and resumes into the same MLflow run."""
@@ -405,7 +407,7 @@ def killer(camp_dir: Path, sig: int):
             if list(camp_dir.glob("baseline-*/checkpoints/checkpoint-2/prl_state.json")):
                 for p in psutil.process_iter(["cmdline"]):
                     cmd = " ".join(p.info["cmdline"] or [])
-                    if "runners train" in cmd and "baseline-seed0" in cmd:
+                    if "runners train" in cmd and f"{camp_dir}/baseline-seed0" in cmd:  # this test's run only
                         p.send_signal(sig)
                         killed.append(p.pid)
             time.sleep(0.2)
@@ -419,6 +421,7 @@ def killer(camp_dir: Path, sig: int):
         watcher.join(timeout=5)
 
 
+@pytest.mark.slow
 def test_local_scheduler_retries_a_run_that_dies_of_a_signal(store, tmp_path):
     """A segfault in native code leaves no Python traceback: the local scheduler says which signal
     killed the run, shows its Python stack (faulthandler) and starts it again from its checkpoint."""
@@ -438,6 +441,7 @@ def test_local_scheduler_retries_a_run_that_dies_of_a_signal(store, tmp_path):
     assert "Fatal Python error: Segmentation fault" in log and "resuming from" in log
 
 
+@pytest.mark.slow
 def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
     path = write_campaign(tmp_path / "segv.yaml", "tiny-segv0", 4, {}, max_retries=0)
     with killer(tmp_path / "artifacts" / "campaigns" / "tiny-segv0", signal.SIGSEGV):
@@ -446,6 +450,7 @@ def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
     assert spec.variant == "baseline" and why.endswith("(died of SIGSEGV (signal 11) after 0 retries)")
 
 
+@pytest.mark.slow
 def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
     """A real PostgreSQL (Debian's binaries) behind ``mlflow server`` with MLflow's basic
     authentication (``tracking-server --auth``), three runs writing at once with the credentials
@@ -531,14 +536,15 @@ def _gone(pid: int) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
+@pytest.mark.slow
+def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path, store_template):
     """kill -9 of the process that started a local server and of the server's main process leaves
     its uvicorn worker serving (a child of init); the next server for the same store finds it
     through its record (the token in its environment) and stops it. Before, the record was
     dropped because the main process was dead, and the worker leaked."""
     from runners.ops.tracking import local_server
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = empty_store(store_template, tmp_path / "mlflow.db")
     record, stale_pid, worker = _stale_server(tmp_path, store)
     said = []
     with local_server(store, tmp_path / "art-b", log=said.append) as url:
@@ -548,8 +554,9 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path):
     assert not record.exists()  # a clean stop leaves no record
 
 
-def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path):
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+@pytest.mark.slow
+def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path, store_template):
+    store = empty_store(store_template, tmp_path / "mlflow.db")
     _, stale_pid, worker = _stale_server(tmp_path, store)
     port = free_port()
     log = tmp_path / "ui.log"
@@ -583,12 +590,13 @@ def test_the_ui_of_a_tracking_server_is_the_server_itself():
     assert "http://127.0.0.1:5001 is a tracking server: it serves its own UI" in r.stderr
 
 
-def test_a_local_server_runs_tracking_only(tmp_path):
+@pytest.mark.slow
+def test_a_local_server_runs_tracking_only(tmp_path, store_template):
     """MLflow's server starts a job runner and ~8 huey consumers (~200 MB each) for GenAI jobs
     unless told not to; a campaign's server is the server and its uvicorn worker, no more."""
     from runners.ops.tracking import local_server, server_record
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    store = empty_store(store_template, tmp_path / "mlflow.db")
     with local_server(store, tmp_path / "art", log=lambda m: None) as url:
         assert MlflowClient(url).search_experiments()
         time.sleep(2)  # the job runner, when on, starts after the server answers
@@ -687,6 +695,7 @@ def test_out_of_device_memory_is_one_line_naming_the_setting_and_the_rerun_resum
     assert [r["step"] for r in _metric_rows(run)] == [0, 2, 4]
 
 
+@pytest.mark.slow
 def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(store, tmp_path):
     path = write_campaign(tmp_path / "over.yaml", "start-over", 4, {})
     assert not run_campaign(path, log=lambda m: None)["failures"]
@@ -708,13 +717,13 @@ def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(st
     assert list((tmp_path / "artifacts").glob("campaigns/start-over/*/abandoned-*/metrics.jsonl"))
 
 
-def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest(tmp_path):
+def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest(tmp_path, store_template):
     """A kill inside start_over, after the new MLflow run exists and before the old one loses its
     identity, leaves two runs with one identity: the campaign and the fit take the finished one,
     else the newest — never an empty leftover over a finished run, and never an arbitrary one."""
     from runners.ops import store as st
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     exp = client.create_experiment("twins")
 
     def run(start: int, done: bool) -> str:
@@ -729,6 +738,7 @@ def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest
     assert st.identified_runs(client, exp)["k"].info.run_id == leftover
 
 
+@pytest.mark.slow
 def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
     """Fault injection: a real campaign killed (SIGKILL, whole tree) at random instants, around
     checkpoint saves included, then re-run until done. The finished run must look like an
@@ -798,15 +808,28 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
         ("name: x\nbaseline: scalerl\nfit: {margn: 0.05}\n", "unknown key 'fit.margn'.*did you mean 'fit.margin'"),
     ],
 )
-def test_bad_campaign_files_get_one_clear_line(tmp_path, text, msg):
+def test_bad_campaign_files_get_one_clear_line(tmp_path, cli, text, msg):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(CampaignError, match=msg):
         load_campaign(path)
+    r = cli("runners", "campaign", str(path), "--dry-run")
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
+
+
+def test_a_bad_campaign_file_is_one_line_from_the_shell(tmp_path):
+    """The command line itself, in its own process: exit code 2, one error line, no traceback."""
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nbaseline: scalerl\nseed: [0]\n")
     r = subprocess.run(
         [sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True, text=True
     )
-    assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [
+        f"error: {path}: unknown campaign key 'seed'; did you mean 'seeds'? Valid keys: adaptive, axes, backend, "
+        "baseline, baseline_seeds, controls, fit, gpus_per_run, kind, max_retries, name, overrides, parallel, "
+        "ray_address, runs_per_gpu, seeds, slurm"
+    ]
 
 
 def test_a_listing_whose_reader_stops_early_ends_quietly(tmp_path):
@@ -833,7 +856,8 @@ def test_an_empty_recipe_file_is_refused(tmp_path):
         load_recipe(tmp_path / "empty.yaml")
 
 
-def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands(tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands(tmp_path, monkeypatch, store_template):
     """Packed runs on one SQLite store can make the tracking server refuse writes for a while
     (loo-gpu3: 13 of 25 runs died of "QueuePool limit ... reached"). The sink retries with
     backoff: here the server is down for the first attempts and comes back on the same port."""
@@ -842,7 +866,7 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     from runners.ops.tracking import MlflowSink, local_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
-    store, port = f"sqlite:///{tmp_path / 'mlflow.db'}", free_port()
+    store, port = empty_store(store_template, tmp_path / "mlflow.db"), free_port()
     with local_server(store, tmp_path / "art", port=port, log=lambda m: None) as url:
         client = MlflowClient(url)
         run_id = client.create_run(client.create_experiment("retry")).info.run_id
@@ -868,14 +892,14 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     assert [(m.step, m.value) for m in history] == [(10, 0.5)]
 
 
-def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_path):
+def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_path, store_template):
     """A run that died after writing an evaluation to metrics.jsonl but before MLflow took it
     (loo-gpu3's baseline/seed0 lost step 40 so): the resumed run's sink logs what MLflow lacks;
     a last line cut short by the kill is skipped, not fatal to the resume."""
     from runners.ops.tracking import MlflowSink
     from runners.rl.train import metric_records
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     run_id = client.create_run(client.create_experiment("backfill")).info.run_id
     client.log_metric(run_id, "val/mean_at_16", 0.48, step=0)
     metrics = tmp_path / "metrics.jsonl"

@@ -38,6 +38,7 @@ def run(tmp_path, name: str, gpus: int) -> list[dict]:
     return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_process_semantics(tmp_path, tiny_base):
     one, two = run(tmp_path, "one", 1), run(tmp_path, "two", 2)
     assert [r["step"] for r in two] == [r["step"] for r in one] == [0, 2]

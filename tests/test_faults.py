@@ -38,6 +38,7 @@ def _remount(where: Path, options: str) -> None:
     subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
 
 
+@pytest.mark.slow
 def test_a_full_disk_mid_checkpoint_is_one_line_naming_the_folder_and_the_rerun_resumes(tiny_base, tmp_path):
     """The disk holds the run up to checkpoint-2 and fills up while checkpoint-4's optimizer state
     (about twice the weights) is written: torch's zip writer raises 'unexpected pos', which the

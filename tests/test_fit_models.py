@@ -3,8 +3,6 @@ refits, identified(), the forecast and the comparison; the whole LOO path with e
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -126,14 +124,12 @@ def test_fit_model_defaults_to_the_sigmoid_and_accepts_the_power_law_fitted_alon
     assert fit_settings({"model": "power_law", "pooling": "none"}).model == "power_law"
 
 
-def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads(tmp_path: Path):
+def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads(tmp_path: Path, cli):
     path = tmp_path / "c.yaml"
     path.write_text("name: x\nbaseline: scalerl\nfit: {model: power_law, pooling: partial}\n")
     with pytest.raises(CampaignError, match=r"pools the sigmoid's B only; set fit\.pooling: none$"):
         load_campaign(path)
-    r = subprocess.run(
-        [sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True, text=True
-    )
+    r = cli("runners", "campaign", str(path), "--dry-run")
     assert r.returncode != 0 and "Traceback" not in r.stderr and "set fit.pooling: none" in r.stderr
     path.write_text("name: x\nbaseline: scalerl\nfit: {model: power_law, pooling: none}\n")
     assert load_campaign(path).fit.model == "power_law"

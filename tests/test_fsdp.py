@@ -83,6 +83,7 @@ def kill_tree(pid: int) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; GPUs run FSDP for real (results/fsdp)")
+@pytest.mark.slow
 def test_fsdp2_run_trains_evaluates_saves_whole_models_and_resumes_after_a_kill(tmp_path, tiny_base):
     config = cpu_config(tmp_path, 2)
     straight = tmp_path / "fsdp"

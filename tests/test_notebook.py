@@ -18,6 +18,7 @@ from analysis.locate import PROJECT_ROOT, find_store
 from runners.contract import COMPUTE_METRICS
 from runners.ops import store
 from runners.ops.store import StoreError
+from tests.conftest import empty_store
 
 PUBLISHED = PROJECT_ROOT / "results" / "loo-gpu" / "curves.csv"  # 20 runs, 13 evaluations each: fits to check
 METRICS = ("val/mean_at_16", "val/pass_at_16", *COMPUTE_METRICS)
@@ -46,12 +47,12 @@ def store_from_curves(csv: Path, uri: str, name: str) -> None:
 
 
 @pytest.fixture
-def published(tmp_path):
+def published(tmp_path, store_template):
     """A store of results/loo-gpu's curves in tmp/project/mlflow.db and a campaign file whose fit:
     section differs from the defaults (level, margin), so a notebook that ignores it shows it."""
     project = tmp_path / "project"
     project.mkdir()
-    uri = f"sqlite:///{project / 'mlflow.db'}"
+    uri = empty_store(store_template, project / "mlflow.db")
     store_from_curves(PUBLISHED, uri, "nb-study")
     fit = {"x": "compute/samples", "eval_prompts": 1000, "a_grid": "0.05:1.0:0.005", "level": 0.8, "margin": 0.03}
     campaign = tmp_path / "nb-study.yaml"
@@ -59,6 +60,7 @@ def published(tmp_path):
     return project, uri, campaign
 
 
+@pytest.mark.slow
 def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient

@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
+from tests.conftest import empty_store
 from tests.test_campaign import TINY, history_steps, store, write_campaign  # noqa: F401 - store is a fixture
 
 SETS = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY, "train.steps": 2, "train.save_every": 2}.items()]
@@ -53,6 +54,7 @@ def one_line_error(res: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_single_runs_with_other_settings_never_share_a_folder_untracked(tiny_base, tmp_path):
     """The issue's two commands, untracked: the second (another lr) gets its own folder and its own
     evaluations; pointed at the first one's folder it is refused naming the key; a second trainer on
@@ -122,10 +124,11 @@ def test_a_folder_of_another_run_is_refused_naming_the_keys(tmp_path):
         claim(tmp_path / "unknown", four)
 
 
-def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, tmp_path, monkeypatch):
+@pytest.mark.slow
+def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, tmp_path, monkeypatch, store_template):
     """Tracked: the second command's MLflow run holds its own evaluations and training steps, never
     the first run's; a finished run re-run adds no MLflow run and no step."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store(store_template, tmp_path / "mlflow.db"))
     assert train_cli(tmp_path).returncode == 0
     second = train_cli(tmp_path, LR)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -148,6 +151,7 @@ def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, 
     assert history_steps(client, runs["0.00015"].info.run_id, "train/loss") == [1, 2]
 
 
+@pytest.mark.slow
 def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_path):  # noqa: F811
     path = write_campaign(tmp_path / "twice.yaml", "twice", 2, {})
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
@@ -167,6 +171,7 @@ def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_
     assert steps_of(folder) == [0, 2]
 
 
+@pytest.mark.slow
 def test_a_campaign_killed_alone_takes_its_trainer_and_the_rerun_resumes(store, tmp_path):  # noqa: F811
     path = write_campaign(tmp_path / "orphan.yaml", "orphan", 4, {})
     proc = subprocess.Popen(

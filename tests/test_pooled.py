@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -144,12 +142,12 @@ def test_the_planner_recovers_a_known_seed_spread_and_its_numbers_follow():
     assert "seeds per arm for a ±0.02 difference" in p.text()
 
 
-def test_plan_command_reads_a_published_curves_csv_and_refuses_a_bad_margin():
-    cmd = [sys.executable, "-m", "analysis", "plan", "loo-gpu4", "--curves", "results/loo-gpu4/curves.csv"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+def test_plan_command_reads_a_published_curves_csv_and_refuses_a_bad_margin(cli):
+    cmd = ["plan", "loo-gpu4", "--curves", "results/loo-gpu4/curves.csv"]
+    out = cli("analysis", *cmd)
     assert out.returncode == 0, out.stderr
     assert "seed spread at the budget: sd 0.0135" in out.stdout and "seeds per arm" in out.stdout
-    bad = subprocess.run([*cmd, "--margin", "2"], capture_output=True, text=True, check=False)
+    bad = cli("analysis", *cmd, "--margin", "2")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--margin" in bad.stderr
 
 

@@ -44,6 +44,7 @@ def cluster(request):
     return pg
 
 
+@pytest.mark.slow
 def test_an_unauthorised_local_user_is_refused(cluster):
     psql, port = find_bin("psql"), str(cluster.port)
     for user in ("postgres", ROLE):  # over TCP without the secret: no password, no entry
@@ -66,6 +67,7 @@ def _assert_peer_refuses(cluster) -> None:
     assert r.returncode != 0 and "Peer authentication failed" in r.stderr, r.stderr
 
 
+@pytest.mark.slow
 def test_mlflow_connects_as_a_role_that_is_no_superuser_and_owns_its_database(cluster):
     assert "secret" not in cluster.uri and str(cluster.passfile) in cluster.uri  # the URI names the file only
     assert stat.S_IMODE(cluster.passfile.stat().st_mode) == 0o600
@@ -81,6 +83,7 @@ def test_mlflow_connects_as_a_role_that_is_no_superuser_and_owns_its_database(cl
     assert (user, superuser, owner) == (ROLE, False, ROLE)
 
 
+@pytest.mark.slow
 def test_a_cluster_made_with_trust_is_locked_on_its_next_start(cluster):
     hba = cluster.data_dir / "pg_hba.conf"
     cluster.stop()
@@ -132,6 +135,7 @@ def _rest(url: str, path: str, body: dict, auth: tuple[str, str] | None = None) 
         return e.code
 
 
+@pytest.mark.slow
 def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9(request, monkeypatch):
     """`tracking-server --auth`: a REST request without the generated credentials is refused (401;
     before, any local account created and deleted experiments), with them it works, and an MLflow

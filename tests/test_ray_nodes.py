@@ -23,14 +23,15 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
+from tests.conftest import empty_store
 from tests.test_campaign import history_steps, write_campaign
 
 RAY = str(Path(sys.executable).parent / "ray")
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tiny_base, store_template):
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     return uri
@@ -105,6 +106,8 @@ def _placements(run_dir: Path) -> list[str]:
     return [x.split()[3] for x in lines if x.startswith("[placement] ray node ")]
 
 
+@pytest.mark.xdist_group("ray")
+@pytest.mark.slow
 def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_path, monkeypatch):
     import ray
 

@@ -119,10 +119,10 @@ def test_plan_speaks_the_seeds_words():
     assert "ppo-8" in text
 
 
-def test_plan_cli_reports_errors_without_traceback():
-    ok = subprocess.run([sys.executable, "-m", "runners", "plan", "scalerl"], capture_output=True, text=True)
+def test_plan_cli_reports_errors_without_traceback(cli):
+    ok = cli("runners", "plan", "scalerl")
     assert ok.returncode == 0 and "Batch plan" in ok.stdout
-    bad = subprocess.run(
+    bad = subprocess.run(  # from the shell: the real process's exit code and stderr
         [sys.executable, "-m", "runners", "plan", "scalerl", "--set", "batch.micro_batch=48"],
         capture_output=True,
         text=True,
@@ -130,12 +130,12 @@ def test_plan_cli_reports_errors_without_traceback():
     assert bad.returncode == 2 and "does not divide" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_plan_of_a_campaign_is_its_baseline_run_as_the_campaign_runs_it():
+def test_plan_of_a_campaign_is_its_baseline_run_as_the_campaign_runs_it(cli):
     """`make plan CAMPAIGN=loo-cpu`: the recipe with the campaign's overrides (groups of 8 completions,
     not the recipe's 16), and a --set on top."""
 
     def plan(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "runners", "plan", *args], capture_output=True, text=True)
+        return cli("runners", "plan", *args)
 
     res = plan("--campaign", "loo-cpu")
     assert res.returncode == 0, res.stderr

@@ -14,6 +14,7 @@ import pytest
 from scalefit import FitError, bootstrap, compare_fits, fit_power_law, fit_sigmoid, seed_spread, sigmoid
 from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
 from scalefit.synthetic import TABLE1, synthetic_curve, table1_frame
+from tests.conftest import run_in_process
 from tests.naive_fit import naive_fit
 
 
@@ -29,6 +30,7 @@ def test_recovers_table1_parameters(run):
 
 
 @pytest.mark.parametrize("run,seed", [("ScaleRL", 0), ("math+code/code", 3), ("ScaleRL-32k", 5)])
+@pytest.mark.slow
 def test_same_optimum_as_naive_procedure(run, seed):
     cm, b, a = TABLE1[run]
     c, v = synthetic_curve(cm, b, a, c_max=16_000.0, n_points=161, seed=seed)
@@ -155,8 +157,15 @@ def test_auto_cmid_grid_handles_any_compute_unit():
     assert abs(f.C_mid / 3.6e18 - 2542) / 2542 < 0.2
 
 
-def _run_cli(*args, check=True):
-    return subprocess.run([sys.executable, "-m", "scalefit", *args], capture_output=True, text=True, check=check)
+def _run_cli(*args, check=True, shell=False):
+    """``python -m scalefit ARGS``: in this process (``tests.conftest.run_in_process``), or with ``shell``
+    in a process of its own, for the real exit code, stdout and stderr."""
+    if shell:
+        return subprocess.run([sys.executable, "-m", "scalefit", *args], capture_output=True, text=True, check=check)
+    res = run_in_process("scalefit", *args)
+    if check:
+        res.check_returncode()
+    return res
 
 
 def test_cli_fit_json_on_stdout_and_plot(tmp_path):
@@ -182,6 +191,7 @@ def test_cli_fit_json_on_stdout_and_plot(tmp_path):
         "-",
         "--plot",
         str(png),
+        shell=True,  # the JSON alone on stdout of the real process
     )
     res = json.loads(out.stdout)["runs"]
     assert set(res) == {"ScaleRL", "ScaleRL-8gen"}
@@ -215,7 +225,7 @@ def test_cli_single_curve_gives_flat_json(tmp_path):
 def test_cli_errors_are_messages_not_tracebacks(tmp_path):
     csv = tmp_path / "bad.csv"
     pd.DataFrame({"hours": [0, 1, 2, 3, 4], "pass": [0.1, 0.2, 0.3, 2.0, 0.5]}).to_csv(csv, index=False)
-    r = _run_cli("fit", str(csv), "--x", "hours", "--y", "reward", check=False)
+    r = _run_cli("fit", str(csv), "--x", "hours", "--y", "reward", check=False, shell=True)
     assert r.returncode == 2 and "no column 'reward'" in r.stderr and "Traceback" not in r.stderr
     r = _run_cli("fit", str(csv), "--x", "hours", "--y", "pass", check=False)
     assert r.returncode == 2 and "[0, 1]" in r.stderr and "Traceback" not in r.stderr

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
@@ -24,6 +23,7 @@ fc_mod = importlib.import_module("scalefit.forecast")  # the module; ``scalefit.
 TARGET = 1536 * 2**20  # any fit and forecast of up to 200k points under 1.5 GB of resident memory
 
 
+@pytest.mark.slow
 def test_a_200k_point_forecast_runs_under_the_memory_target(tmp_path):
     """20 seeds x 10,000 evaluations: the bootstrap once asked for (1000, 199980, 3) arrays and
     was killed at 24 GB; now it fits and forecasts within 1.5 GB of resident memory. (The address
@@ -122,24 +122,20 @@ def test_a_resample_count_beyond_the_limit_is_refused_up_front(tmp_path):
 
 
 @pytest.mark.parametrize("option", ["--json", "--plot"])
-def test_an_unwritable_output_is_refused_before_the_fit(tmp_path, option):
+def test_an_unwritable_output_is_refused_before_the_fit(tmp_path, cli, option):
     csv = tmp_path / "curves.csv"
     seeds_csv(csv, seeds=2, n=101)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for dest, why in ((blocker / "x.out", f"{blocker} is a file, not a folder"), (tmp_path, "it is a folder")):
-        r = subprocess.run(
-            [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "gpu_hours", "--y", "mean_at_16"]
-            + ["--seed-col", "seed", option, str(dest)],
-            capture_output=True,
-            text=True,
-        )
+        args = ["fit", str(csv), "--x", "gpu_hours", "--y", "mean_at_16", "--seed-col", "seed", option, str(dest)]
+        r = cli("scalefit", *args)
         assert r.returncode == 2, r.stderr[-2000:]
         assert r.stderr.splitlines() == [f"error: {option} {dest}: cannot write there ({why}); nothing was fitted"]
         assert "fitting" not in r.stderr and not r.stdout  # refused before reading the data: no fit, no summary
 
 
-def test_an_output_in_a_folder_that_takes_no_files_is_refused(tmp_path):
+def test_an_output_in_a_folder_that_takes_no_files_is_refused(tmp_path, cli):
     """A folder without write permission (or, for root, who ignores permissions, sysfs): the
     nearest existing folder is tried with a real file, so both are caught before the fit."""
     c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
@@ -152,11 +148,7 @@ def test_an_output_in_a_folder_that_takes_no_files_is_refused(tmp_path):
         locked = Path("/sys")
     dest = locked / "new" / "x.json"  # a folder to create inside it, as --json would
     try:
-        r = subprocess.run(
-            [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "h", "--y", "m", "--json", str(dest)],
-            capture_output=True,
-            text=True,
-        )
+        r = cli("scalefit", "fit", str(csv), "--x", "h", "--y", "m", "--json", str(dest))
     finally:
         (tmp_path / "locked").chmod(0o700)
     assert r.returncode == 2 and r.stderr.startswith(f"error: --json {dest}: cannot write there ({locked}: ")
@@ -185,10 +177,8 @@ def test_csv_errors_name_the_file_line(tmp_path, rows, line, msg):
     assert str(e.value).startswith(f"{csv}: line {line}: {msg}")
 
 
-def test_a_csv_row_with_no_run_name_is_an_error_with_its_line(tmp_path):
+def test_a_csv_row_with_no_run_name_is_an_error_with_its_line(tmp_path, cli):
     csv = tmp_path / "runs.csv"
     csv.write_text("run,h,p\na,0,0.3\na,1,0.4\n,2,0.5\n")
-    r = subprocess.run(
-        [sys.executable, "-m", "scalefit", "fit", str(csv), "--x", "h", "--y", "p"], capture_output=True, text=True
-    )
+    r = cli("scalefit", "fit", str(csv), "--x", "h", "--y", "p")
     assert r.returncode == 2 and f"{csv}: line 4: column 'run' is empty" in r.stderr

@@ -17,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.ops.tracking import free_port
+from tests.conftest import empty_store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,11 +56,12 @@ def mlflow_main(pid: int) -> psutil.Process:
     return next(p for p in (top, *top.children(recursive=True)) if p.cmdline()[1:3] == ["-m", "mlflow"])
 
 
-def test_a_ui_whose_mlflow_process_is_killed_fails_leaves_no_worker_and_restarts_on_its_port(tmp_path):
+@pytest.mark.slow
+def test_a_ui_whose_mlflow_process_is_killed_fails_leaves_no_worker_and_restarts_on_its_port(tmp_path, store_template):
     """kill -9 of make ui's mlflow process: its uvicorn worker kept answering /health and the next
     `make ui` on the port logged 'address already in use' and exited 0. Now the UI fails (exit 1)
     and stops its worker; the next one starts on the same port."""
-    store, port, log = f"sqlite:///{tmp_path / 'mlflow.db'}", free_port(), tmp_path / "ui.log"
+    store, port, log = empty_store(store_template, tmp_path / "mlflow.db"), free_port(), tmp_path / "ui.log"
     ui = start_ui(store, port, log)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", ui)

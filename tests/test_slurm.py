@@ -27,14 +27,15 @@ from mlflow.tracking import MlflowClient
 from runners.ops.campaign import CampaignError, load_campaign
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
+from tests.conftest import empty_store
 from tests.test_campaign import history_steps, write_campaign
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tiny_base, store_template):
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     return uri
@@ -174,6 +175,8 @@ def disrupt(camp_dir: Path, actions: dict[str, list[str]]):
         watcher.join(timeout=5)
 
 
+@pytest.mark.xdist_group("slurm")
+@pytest.mark.slow
 def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fit(
     slurm_cluster, store, tmp_path, monkeypatch
 ):
@@ -222,6 +225,8 @@ def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fi
     assert set(table["variant"]) == {"baseline", "loss=dapo"} and (tmp_path / "fit" / "loo_table.md").is_file()
 
 
+@pytest.mark.xdist_group("slurm")
+@pytest.mark.slow
 def test_a_warned_job_requeues_itself_a_rerun_has_one_writer_and_an_interrupt_cancels_only_its_jobs(
     slurm_cluster, store, tmp_path
 ):
@@ -281,6 +286,8 @@ def test_a_warned_job_requeues_itself_a_rerun_has_one_writer_and_an_interrupt_ca
     assert placements[:2] == [f"[placement] slurm job {job} on {socket.gethostname()}"] * 2
 
 
+@pytest.mark.xdist_group("slurm")
+@pytest.mark.slow
 def test_a_slurm_campaign_refused_by_sbatch_says_why_in_one_line(slurm_cluster, store, tmp_path):
     path = write_campaign(
         tmp_path / "bad.yaml", "tiny-slurm-bad", 4, {}, backend="slurm", slurm={"time": 5, "partition": "nowhere"}
@@ -309,12 +316,12 @@ def test_a_slurm_campaign_refused_by_sbatch_says_why_in_one_line(slurm_cluster, 
         ({"backend": "slurmm"}, "backend = 'slurmm'; choose local, ray or slurm"),
     ],
 )
-def test_bad_slurm_sections_get_one_clear_line(tmp_path, extra, msg):
+def test_bad_slurm_sections_get_one_clear_line(tmp_path, cli, extra, msg):
     path = write_campaign(tmp_path / "bad.yaml", "bad", 4, {}, **extra)
     with pytest.raises(CampaignError, match=msg):
         load_campaign(path)
-    r = subprocess.run([sys.executable, "-m", "runners", "campaign", str(path), "--dry-run"], capture_output=True)
-    assert r.returncode == 2 and b"Traceback" not in r.stderr and b"error:" in r.stderr
+    r = cli("runners", "campaign", str(path), "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "error:" in r.stderr
 
 
 def test_a_slurm_section_reads_times_as_slurm_does(tmp_path):

@@ -14,6 +14,7 @@ from mlflow.tracking import MlflowClient
 from runners.ops.store import IMPORTED_FROM
 from runners.ops.transfer import import_store
 from runners.ops.wheelhouse import read_lock, select
+from tests.conftest import empty_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,8 +70,9 @@ def make_source(uri: str, root: Path) -> tuple[str, str]:
     return parent.info.run_id, cid
 
 
-def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path):
-    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+@pytest.mark.slow
+def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path, store_template):
+    src, dst = empty_store(store_template, tmp_path / "src.db"), empty_store(store_template, tmp_path / "dst.db")
     parent_id, child_id = make_source(src, tmp_path)
     counts = import_store(src, dst, log=lambda m: None)
     assert counts["runs"] == 2 and counts["metrics"] == 5
@@ -90,15 +92,17 @@ def test_import_copies_runs_structure_histories_and_artifacts_once(tmp_path):
     assert again["runs"] == 0 and again["skipped"] == 2
 
 
-def test_import_cli_errors_before_touching_anything(tmp_path):
-    def run_import(source: Path) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "runners", "import", str(source), "--tracking-uri", f"sqlite:///{tmp_path}/d.db"]
-        return subprocess.run(cmd, capture_output=True, text=True)
+def test_import_cli_errors_before_touching_anything(tmp_path, cli):
+    def run_import(source: Path, shell: bool = False) -> subprocess.CompletedProcess:
+        args = ["import", str(source), "--tracking-uri", f"sqlite:///{tmp_path}/d.db"]
+        if shell:  # the real process's exit code and stderr
+            return subprocess.run([sys.executable, "-m", "runners", *args], capture_output=True, text=True)
+        return cli("runners", *args)
 
     res = run_import(tmp_path / "missing.db")
     assert res.returncode == 2 and "no MLflow store at" in res.stderr and "(no such file)" in res.stderr
     (tmp_path / "notes.db").write_text("not a database\n")
-    res = run_import(tmp_path / "notes.db")
+    res = run_import(tmp_path / "notes.db", shell=True)
     assert res.returncode == 2 and "not an SQLite database" in res.stderr and "Traceback" not in res.stderr
     with sqlite3.connect(tmp_path / "other.db") as db:  # another program's database: MLflow would migrate it
         db.execute("CREATE TABLE t (x)")

@@ -19,17 +19,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.ops import store as prl_store
-from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
-from tests.test_campaign import write_campaign
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
+def store(concurrent_campaign, monkeypatch):
+    """The session's tiny campaign (tests/conftest.py), from its folder: the store it wrote."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", concurrent_campaign["store"])
+    monkeypatch.chdir(concurrent_campaign["root"])
+    return concurrent_campaign["store"]
 
 
 def fresh_browser(url: str, wait_for: list[str], shot: Path, tries: int = 3) -> str:
@@ -63,19 +61,19 @@ def _wait_healthy(base: str, timeout: float = 120) -> None:
     raise AssertionError(f"no MLflow UI at {base}")
 
 
-def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, tmp_path):
+@pytest.mark.slow
+@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
+def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, concurrent_campaign, tmp_path):
     """A first visit to the printed address lands on the campaign's runs (each one listed, not a
     collapsed parent), in the training workflow (not GenAI), with mean@16 of every run drawn against
     the campaign's compute axis; the fitted LOO table and plot are one click away."""
-    path = write_campaign(
-        tmp_path / "ui.yaml", "ui-check", 2, {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}}
-    )
-    assert not run_campaign(path, log=lambda m: None)["failures"]
+    path = concurrent_campaign["path"]
+    assert not concurrent_campaign["failures"]
     fit = subprocess.run([sys.executable, "-m", "analysis", "fit", str(path)], capture_output=True, text=True)
     assert fit.returncode == 0, fit.stderr
     assert "curves in MLflow's UI: make ui, then open http://127.0.0.1:5000/#/experiments/" in fit.stdout
     client = MlflowClient(store)
-    exp_id = client.get_experiment_by_name("ui-check").experiment_id
+    exp_id = client.get_experiment_by_name("concurrent").experiment_id
     parent = prl_store.parent_run(client, exp_id).info.run_id
     assert {"loo/loo_table.md", "loo/loo_curves.png", "loo/runs.md"} <= {
         a.path for a in client.list_artifacts(parent, "loo")
@@ -97,7 +95,7 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, tmp_pat
             assert len(lines) < 50 and ui.poll() is None, lines
             lines.append(campaign)
             campaign = ui.stdout.readline()
-        assert campaign.startswith("  campaign ui-check, mean@16 against compute for every run: "), campaign
+        assert campaign.startswith("  campaign concurrent, mean@16 against compute for every run: "), campaign
         url = campaign.split(": ", 1)[1].strip()
         _wait_healthy(f"http://127.0.0.1:{port}")
 
