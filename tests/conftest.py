@@ -67,6 +67,20 @@ def tiny_base(cache_dir) -> Path:
 PREBUILD: list[subprocess.Popen] = []  # the controller's base-model build, under xdist
 
 
+def pytest_configure(config):
+    """Each xdist worker gets its share of the cores, for torch in the worker and for every process it
+    starts (``OMP_NUM_THREADS``, which a campaign passes on to its runs). Oversubscribed OpenMP
+    threads spin: three tiny base-model builds at once on 2 cores took 99-138 s and 66-106 s of CPU
+    each with torch's default threads, 28-29 s and 20 s each with one thread."""
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    if workers:
+        from runners.ops.local import cores
+
+        threads = max(1, cores() // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def pytest_sessionstart(session):
     """Under xdist, the controller starts the session's tiny base-model build in a process of its
     own, while the workers run the slow tests that need none (ordered first:
@@ -76,8 +90,11 @@ def pytest_sessionstart(session):
         return
     cache = shared_cache(config._tmp_path_factory.getbasetemp())  # the workers' session_root
     code = f"from pathlib import Path; from tests.conftest import build_tiny_base as b; b(Path({str(cache)!r}))"
+    env = {"OMP_NUM_THREADS": "1", **os.environ}  # beside the workers, which hold every core (pytest_configure)
     with (cache / "tiny-base-prebuild.out").open("w") as out:
-        PREBUILD.append(subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT))
+        PREBUILD.append(
+            subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        )
 
 
 def pytest_sessionfinish(session):

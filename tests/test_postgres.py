@@ -160,6 +160,8 @@ def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9
     assert _rest(url, "experiments/create", {"name": "stranger"}) == 401
     assert _rest(url, "experiments/create", {"name": "stranger"}, (user, "wrong")) == 401
     assert _rest(url, "experiments/create", {"name": "owner"}, (user, password)) == 200
+    for _ in range(3):  # after the password was accepted too: the workers cache checked credentials only
+        assert _rest(url, "experiments/create", {"name": "stranger"}, (user, "wrong")) == 401
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     with pytest.raises(MlflowException, match="401|not authenticated"):

@@ -156,7 +156,7 @@ def run_local(
     running: list[_Running] = []
     queue, failures, done_count, t0 = list(todo), [], 0, time.perf_counter()
     retried: dict[str, int] = {}
-    threads = max(1, (os.cpu_count() or 1) // max(1, len(free)))
+    threads = max(1, cores() // max(1, len(free)))
     while queue or running:
         while queue and len(running) < len(free):
             spec = queue.pop(0)
@@ -195,6 +195,12 @@ def run_local(
                 last = last_lines.splitlines()[-1] if last_lines else ""
                 log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
     return failures
+
+
+def cores() -> int:
+    """The cores this process may run on: a SLURM job's or container's cpuset, not the host's count
+    (a run given every core of a 64-core node while its job holds 4 oversubscribes them ~16x)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _start(launch: Launch, device: str | None, threads: int) -> _Running:
