@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtri  # the normal quantile (scipy.stats.norm.ppf), without scipy.stats
 
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.forecast import Forecast
@@ -100,7 +100,7 @@ def decide_stop(
     if unsure and all(
         fc.verdict is not None and (fc.verdict.predictable or fc.verdict.error_only) for fc in (variant, baseline)
     ):
-        z = float(norm.ppf(1.0 - risk))
+        z = float(ndtri(1.0 - risk))
         e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
         robust = float(np.mean(v + e_v >= b - e_b - margin))
         if robust < risk:

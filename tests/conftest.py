@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,40 @@ def empty_store(template: Path, db: Path) -> str:
     """A new empty MLflow store at ``db`` (a copy of the session's ``store_template``); its URI."""
     shutil.copyfile(template, db)
     return f"sqlite:///{db}"
+
+
+@pytest.fixture(scope="session")
+def session_server(tmp_path_factory, store_template) -> Iterator[str]:
+    """An MLflow tracking server in front of a SQLite store, one per xdist worker, for the campaign
+    tests whose subject is not the campaign's own server: a campaign tracked to a server starts
+    none (~7 s of CPU and a wait for each campaign on 2 cores). Each test names its own experiment.
+    The tests of the server a campaign starts, and of kills that take it down, keep a store each
+    (``own_store``)."""
+    from runners.ops.tracking import local_server
+
+    root = tmp_path_factory.mktemp("session-server")
+    uri = empty_store(store_template, root / "mlflow.db")
+    with local_server(uri, root / "artifacts", log=lambda m: None) as url:
+        yield url
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch, tiny_base, session_server) -> str:
+    """The worker's session server (``MLFLOW_TRACKING_URI``), run from ``tmp_path`` as ``make
+    ablation`` runs from the project: the campaign's folders land in it."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", session_server)
+    monkeypatch.chdir(tmp_path)
+    return session_server
+
+
+@pytest.fixture
+def own_store(tmp_path, monkeypatch, tiny_base, store_template) -> str:
+    """A SQLite store of the test's own (``MLFLOW_TRACKING_URI``), run from ``tmp_path``: a campaign
+    on it starts its own tracking server, as ``make ablation`` does."""
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    return uri
 
 
 @pytest.fixture(scope="session")

@@ -159,23 +159,18 @@ def test_adaptive_decides_on_completions_not_wall_clock(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_request(
-    tmp_path, monkeypatch, tiny_base, store_template
-):
+def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_request(tmp_path, store):
     """A stop decision recorded by a campaign killed before it could act (the decision tag is on the
     variant's run, no STOP file yet): the next campaign takes the same decision, the run ends at a
     checkpoint with its history kept, a re-run leaves it stopped, --resume-stopped finishes it."""
     from mlflow.tracking import MlflowClient
 
-    from runners.ops import store
+    from runners.ops import store as prl_store
     from runners.ops.adaptive import decision_tag
     from runners.ops.campaign import expand
     from runners.ops.campaign_runs import child_run, run_campaign
     from tests.test_campaign import history_steps, write_campaign
 
-    uri = empty_store(store_template, tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
     path = write_campaign(
         tmp_path / "a.yaml",
         "adaptive-tiny",
@@ -186,7 +181,7 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     )
     camp = load_campaign(path)
     variant = next(s for s in expand(camp) if s.variant == "loss=dapo")
-    client = MlflowClient(uri)
+    client = MlflowClient(store)
     run_id = child_run(client, camp, variant).info.run_id
     decision = {"stop": True, "reason": "stop: recorded before a kill", "probability": 0.01}
     client.set_tag(run_id, decision_tag(0.5), json.dumps(decision))
@@ -195,7 +190,7 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     summary = run_campaign(path, log=lines.append)
     assert not summary["failures"]
     run = client.get_run(run_id)
-    assert run.data.tags[store.STOPPED] == "1" and store.DONE not in run.data.tags
+    assert run.data.tags[prl_store.STOPPED] == "1" and prl_store.DONE not in run.data.tags
     steps = history_steps(client, run_id, "train/loss")
     assert steps and max(steps) < 8  # ended early
     folder = next((tmp_path / "artifacts/campaigns/adaptive-tiny").glob("loss-dapo-seed0-*"))
@@ -211,7 +206,7 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     resumed = run_campaign(path, resume_stopped=True, log=lambda m: None)
     assert resumed["ran"] == 1 and not resumed["failures"]
     run = client.get_run(run_id)
-    assert run.data.tags[store.DONE] == "1" and run.data.tags[store.STOPPED] == "0"
+    assert run.data.tags[prl_store.DONE] == "1" and run.data.tags[prl_store.STOPPED] == "0"
     assert history_steps(client, run_id, "train/loss") == list(range(1, 9))  # each step once, no splice
     samples = [m.value for m in sorted(client.get_metric_history(run_id, X), key=lambda m: m.step)]
     assert samples == sorted(samples) and len(samples) == len(set(history_steps(client, run_id, MEAN_AT_16)))

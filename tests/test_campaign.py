@@ -57,14 +57,6 @@ def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Pa
     return path
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base, store_template):
-    uri = empty_store(store_template, tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
-
-
 def history_steps(client, run_id, key):
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
@@ -739,7 +731,7 @@ def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest
 
 
 @pytest.mark.slow
-def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
+def test_kills_at_random_instants_never_splice_a_run(own_store, tmp_path):
     """Fault injection: a real campaign killed (SIGKILL, whole tree) at random instants, around
     checkpoint saves included, then re-run until done. The finished run must look like an
     uninterrupted one: every step once, steps and compute monotone, the full step count."""
@@ -748,7 +740,7 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
     rng = random.Random(13)
     path = write_campaign(tmp_path / "faults.yaml", "faults", 12, {})
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
-    client = MlflowClient(store)
+    client = MlflowClient(own_store)
     resumable_kills = 0
     folders = tmp_path / "artifacts" / "campaigns" / "faults"
 
@@ -785,6 +777,9 @@ def test_kills_at_random_instants_never_splice_a_run(store, tmp_path):
         values = [m.value for m in hist]
         assert values == sorted(values) and len(set(m.step for m in hist)) == len(hist), key
     assert [m.value for m in sorted(client.get_metric_history(rid, "compute/samples"), key=lambda m: m.step)][-1] == 96
+    again: list[str] = []  # finished: a re-run has nothing to run and starts no tracking server for it
+    assert run_campaign(path, log=again.append)["ran"] == 0
+    assert any("1 done, 0 stopped, 0 to run" in x for x in again) and not any("tracking server" in x for x in again)
 
 
 @pytest.mark.parametrize(

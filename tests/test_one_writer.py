@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
 from tests.conftest import empty_store
-from tests.test_campaign import TINY, history_steps, store, write_campaign  # noqa: F401 - store is a fixture
+from tests.test_campaign import TINY, history_steps, write_campaign
 
 SETS = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY, "train.steps": 2, "train.save_every": 2}.items()]
 SETS += ["--set=eval.every=2"]
@@ -152,7 +152,7 @@ def test_single_runs_with_other_settings_never_share_results_tracked(tiny_base, 
 
 
 @pytest.mark.slow
-def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_path):  # noqa: F811
+def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_path):
     path = write_campaign(tmp_path / "twice.yaml", "twice", 2, {})
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
     procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -172,7 +172,7 @@ def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_
 
 
 @pytest.mark.slow
-def test_a_campaign_killed_alone_takes_its_trainer_and_the_rerun_resumes(store, tmp_path):  # noqa: F811
+def test_a_campaign_killed_alone_takes_its_trainer_and_the_rerun_resumes(store, tmp_path):
     path = write_campaign(tmp_path / "orphan.yaml", "orphan", 4, {})
     proc = subprocess.Popen(
         [sys.executable, "-m", "runners", "campaign", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

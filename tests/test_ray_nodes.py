@@ -23,18 +23,9 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
-from tests.conftest import empty_store
 from tests.test_campaign import history_steps, write_campaign
 
 RAY = str(Path(sys.executable).parent / "ray")
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base, store_template):
-    uri = empty_store(store_template, tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
 
 
 def _ray_node(*args: str, log: Path, tries: int = 3) -> subprocess.Popen:

@@ -27,18 +27,9 @@ from mlflow.tracking import MlflowClient
 from runners.ops.campaign import CampaignError, load_campaign
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
-from tests.conftest import empty_store
 from tests.test_campaign import history_steps, write_campaign
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch, tiny_base, store_template):
-    uri = empty_store(store_template, tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +219,7 @@ def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fi
 @pytest.mark.xdist_group("slurm")
 @pytest.mark.slow
 def test_a_warned_job_requeues_itself_a_rerun_has_one_writer_and_an_interrupt_cancels_only_its_jobs(
-    slurm_cluster, store, tmp_path
+    slurm_cluster, own_store, tmp_path
 ):
     """SIGUSR2 is what SLURM sends a job before its time limit (``--signal``) or a preemption: the
     job ends its run and requeues itself (submitit), and runs again from the checkpoint. The

@@ -67,9 +67,28 @@ def run_campaign(
     uri = tracking_uri or store.default_tracking_uri()
     if dry_run:
         return _run_campaign(camp, specs, uri, only_axis, True, runs_root, resume_stopped, log)
+    check_backend(camp)  # before the lock: a campaign that cannot run leaves nothing behind
     advice = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
     with hold(campaign_lock(camp.name, uri, runs_root), f"campaign {camp.name} on store {uri}", advice):
         return _run_campaign(camp, specs, uri, only_axis, False, runs_root, resume_stopped, log)
+
+
+def check_backend(camp: Campaign) -> None:
+    """Refuse a campaign whose backend is not installed or reachable here, naming the set-up."""
+    if camp.backend == "ray" and importlib.util.find_spec("ray") is None:
+        raise CampaignError(
+            f"campaign {camp.name} runs on Ray, which is not installed here: `make setup-full` "
+            "(or pip install -r requirements.lock -r requirements-full.lock) installs the pinned ray"
+        )
+    if camp.backend == "slurm":
+        if importlib.util.find_spec("submitit") is None:
+            raise CampaignError(
+                f"campaign {camp.name} runs on SLURM through submitit, which is not installed here: "
+                "`make setup` (or pip install -r requirements.lock) installs the pinned submitit"
+            )
+        from runners.ops.slurm import check_slurm
+
+        check_slurm()
 
 
 def campaign_lock(name: str, uri: str, runs_root: Path) -> Path:
@@ -101,21 +120,6 @@ def _run_campaign(
         log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
     if dry_run:
         return {"runs": len(specs), "dry_run": True}
-    if camp.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise CampaignError(
-            f"campaign {camp.name} runs on Ray, which is not installed here: `make setup-full` "
-            "(or pip install -r requirements.lock -r requirements-full.lock) installs the pinned ray"
-        )
-    if camp.backend == "slurm":
-        if importlib.util.find_spec("submitit") is None:
-            raise CampaignError(
-                f"campaign {camp.name} runs on SLURM through submitit, which is not installed here: "
-                "`make setup` (or pip install -r requirements.lock) installs the pinned submitit"
-            )
-        from runners.ops.slurm import check_slurm
-
-        check_slurm()
-
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
     ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # the UI opens on the curves
@@ -132,7 +136,8 @@ def _run_campaign(
     n_stopped = 0 if resume_stopped else sum(status[s.run_key] == "stopped" for s in specs)
     log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
     t0 = time.perf_counter()
-    server = local_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") else None
+    # a server gives the runs one writer in front of SQLite; with none to run, this process is the only one
+    server = local_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") and todo else None
     with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
         worker_client = MlflowClient(worker_uri)
 
