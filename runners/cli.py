@@ -128,7 +128,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
-    from runners.rl.train import train
     from runners.runfolder import finished
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate only rank 0 prints and tracks
@@ -158,6 +157,8 @@ def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
             f"python -m analysis report {final['run_id']}"
         )
     else:
+        from runners.rl.train import train  # torch, transformers, TRL: ~6 s, not paid by a finished run
+
         final = train(recipe, run_dir, log=log)
     log(
         f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "

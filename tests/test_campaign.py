@@ -685,7 +685,7 @@ def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest
 
 
 @pytest.mark.slow
-def test_kills_at_random_instants_never_splice_a_run(own_store, tmp_path):
+def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, tmp_path):
     """Fault injection: a real campaign killed (SIGKILL, whole tree: campaign, tracking server and
     trainer) at random instants, around checkpoint saves included, then re-run until done. The
     finished run must look like an uninterrupted one: one MLflow run, every step once, steps and
@@ -733,13 +733,15 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, tmp_path):
         values = [m.value for m in hist]
         assert values == sorted(values) and len(set(m.step for m in hist)) == len(hist), key
     assert [m.value for m in sorted(client.get_metric_history(rid, "compute/samples"), key=lambda m: m.step)][-1] == 96
+    # the same run never interrupted (tracked to the worker's server: its own is not under test here)
     straight = write_campaign(tmp_path / "straight.yaml", "uninterrupted", 12, {})
-    assert not run_campaign(straight, log=lambda m: None)["failures"]
-    exp_whole = client.get_experiment_by_name("uninterrupted").experiment_id
-    (whole,) = client.search_runs([exp_whole], "tags.`prl.run_id` != ''")
+    assert not run_campaign(straight, tracking_uri=session_server, log=lambda m: None)["failures"]
+    other = MlflowClient(session_server)
+    exp_whole = other.get_experiment_by_name("uninterrupted").experiment_id
+    (whole,) = other.search_runs([exp_whole], "tags.`prl.run_id` != ''")
     for key in ("compute/samples", "compute/tokens"):
         resumed = {m.step: m.value for m in client.get_metric_history(rid, key)}
-        assert resumed == {m.step: m.value for m in client.get_metric_history(whole.info.run_id, key)}, key
+        assert resumed == {m.step: m.value for m in other.get_metric_history(whole.info.run_id, key)}, key
     again: list[str] = []  # finished: a re-run has nothing to run and starts no tracking server for it
     assert run_campaign(path, log=again.append)["ran"] == 0
     assert any("1 done, 0 stopped, 0 to run" in x for x in again) and not any("tracking server" in x for x in again)
