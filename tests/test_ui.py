@@ -23,8 +23,9 @@ from runners.ops.tracking import free_port
 
 
 @pytest.fixture
-def store(concurrent_campaign, monkeypatch):
-    """The session's tiny campaign (tests/conftest.py), from its folder: the store it wrote."""
+def campaign_store(concurrent_campaign, monkeypatch):
+    """The session's tiny campaign (tests/conftest.py), from its folder: the store it wrote (not
+    conftest's ``store``, the worker's tracking server)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", concurrent_campaign["store"])
     monkeypatch.chdir(concurrent_campaign["root"])
     return concurrent_campaign["store"]
@@ -63,7 +64,7 @@ def _wait_healthy(base: str, timeout: float = 120) -> None:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
-def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, concurrent_campaign, tmp_path):
+def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store, concurrent_campaign, tmp_path):
     """A first visit to the printed address lands on the campaign's runs (each one listed, not a
     collapsed parent), in the training workflow (not GenAI), with mean@16 of every run drawn against
     the campaign's compute axis; the fitted LOO table and plot are one click away."""
@@ -72,7 +73,7 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, concurr
     fit = subprocess.run([sys.executable, "-m", "analysis", "fit", str(path)], capture_output=True, text=True)
     assert fit.returncode == 0, fit.stderr
     assert "curves in MLflow's UI: make ui, then open http://127.0.0.1:5000/#/experiments/" in fit.stdout
-    client = MlflowClient(store)
+    client = MlflowClient(campaign_store)
     exp_id = client.get_experiment_by_name("concurrent").experiment_id
     parent = prl_store.parent_run(client, exp_id).info.run_id
     assert {"loo/loo_table.md", "loo/loo_curves.png", "loo/runs.md"} <= {
@@ -80,7 +81,8 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(store, concurr
     }
 
     port = free_port()
-    cmd = [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port), "--campaign", str(path)]
+    cmd = [sys.executable, "-m", "runners", "ui", "--tracking-uri", campaign_store, "--port", str(port)]
+    cmd += ["--campaign", str(path)]
     ui = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         # the start's progress and MLflow's own start-up lines come first; then the address, then the campaign's
