@@ -16,6 +16,8 @@ APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
 WHEELS_PY ?= 3.12
 # make test's pytest-xdist worker processes (0: one process, as plain pytest runs)
 TEST_WORKERS ?= 2
+# the installer of the pinned sets (runners.ops.install; pip when it cannot be installed)
+UV      := uv==0.13.9
 
 .DEFAULT_GOAL := help
 .PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
@@ -26,6 +28,8 @@ help: ## list the targets
 $(STAMP): pyproject.toml requirements.lock
 	@command -v $(PY) >/dev/null || { echo "error: $(PY) not found; install Python 3.11 or pass PY=python3.x"; exit 1; }
 	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PY)"; $(PY) -m venv $(VENV); }
+	@$(BIN)/pip install --quiet --disable-pip-version-check $(UV) 2>/dev/null || \
+	  echo "($(UV) could not be installed: pip installs the pinned set instead, in minutes rather than seconds)"
 	@$(BIN)/python -m runners.ops.install -r requirements.lock
 	@echo "installing this project into $(VENV), editable"
 	@$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .

@@ -1,33 +1,73 @@
 """The set-up's installs say what they install and how far they got (runners.ops.install), with
-pip's own exit code; run here as pip's dry run over the installed set, so nothing changes."""
+the installer's own exit code, through uv (the Makefile's) and through pip; run here as dry runs
+over the installed set, so nothing changes."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def install(*args: str) -> subprocess.CompletedProcess:
+@pytest.fixture(params=["uv", "pip"])
+def installer(request) -> str:
+    if request.param == "uv":
+        pytest.importorskip("uv", reason="make setup installs uv into .venv")
+    return request.param
+
+
+def install(installer: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "runners.ops.install", "--dry-run", "--no-index", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    env = {**os.environ, "PRL_INSTALLER": installer}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
 
 
-def test_an_install_names_what_it_installs_and_counts_it():
+def test_an_install_names_what_it_installs_and_counts_it(installer):
     pinned = sum(1 for line in (ROOT / "requirements.lock").read_text().splitlines() if "==" in line)
-    res = install("-r", "requirements.lock")
+    res = install(installer, "-r", "requirements.lock")
     assert res.returncode == 0, res.stdout
     lines = res.stdout.splitlines()
-    assert lines[0].startswith(f"installing {pinned} pinned package(s) from requirements.lock into {sys.prefix}")
-    assert any(line.startswith(f"  {pinned}/{pinned} checked or downloaded") for line in lines)
+    head = f"installing {pinned} pinned package(s) from requirements.lock into {sys.prefix} ({installer})"
+    assert lines[0] == head
+    done = f"  {pinned}/{pinned} checked or downloaded" if installer == "pip" else f"  Audited {pinned} packages"
+    assert any(line.startswith(done) for line in lines), lines
     assert lines[-1].startswith("installed in ")
 
 
-def test_a_failed_install_shows_pips_reason_and_exit_code(tmp_path):
+def test_a_failed_install_shows_the_installers_reason_and_exit_code(installer, tmp_path):
     bad = tmp_path / "bad.lock"
     bad.write_text("nosuchpackage-prl==1.0\n")
-    res = install("-r", str(bad))
-    assert res.returncode == 1 and "pip failed; its last lines:" in res.stdout
-    assert "No matching distribution found for nosuchpackage-prl==1.0" in res.stdout
+    res = install(installer, "-r", str(bad))
+    assert res.returncode == 1 and f"{installer} failed; its last lines:" in res.stdout
+    assert "nosuchpackage-prl" in res.stdout.split("its last lines:")[1]
+
+
+def test_uv_is_given_the_package_sources_pip_is_configured_with(tmp_path):
+    """pip's own precedence: PIP_* variables over [install] over [global]."""
+    conf = tmp_path / "pip.conf"
+    conf.write_text(
+        "[global]\nfind-links = /opt/a /opt/b\nextra-index-url = file:///x/simple\ncert = /c.pem\n"
+        "index-url = https://global.example/simple\n[install]\nindex-url = https://install.example/simple\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=str(conf), PIP_CONSTRAINT="/k.txt")
+    code = "import json; from runners.ops.install import pip_sources; print(json.dumps(pip_sources()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    args, extra_env = json.loads(out.stdout)
+    pairs = list(zip(args[::2], args[1::2], strict=True))
+    assert ("--index-url", "https://install.example/simple") in pairs
+    assert ("--extra-index-url", "file:///x/simple") in pairs
+    assert ("--find-links", "/opt/a") in pairs and ("--find-links", "/opt/b") in pairs
+    assert [v for flag, v in pairs if flag == "--constraint"] == ["/k.txt"]
+    assert extra_env == {"SSL_CERT_FILE": "/c.pem"}
+
+
+def test_an_unknown_installer_is_named_with_the_choices():
+    res = install("conda", "-r", "requirements.lock")
+    assert res.returncode == 1 and "PRL_INSTALLER='conda': use one of uv, pip" in res.stderr
