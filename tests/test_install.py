@@ -35,7 +35,7 @@ def test_an_install_names_what_it_installs_and_counts_it(installer):
     lines = res.stdout.splitlines()
     head = f"installing {pinned} pinned package(s) from requirements.lock into {sys.prefix} ({installer})"
     assert lines[0] == head
-    done = f"  {pinned}/{pinned} checked or downloaded" if installer == "pip" else f"  Audited {pinned} packages"
+    done = f"  {pinned}/{pinned} checked or downloaded" if installer == "pip" else f"  Checked {pinned} packages"
     assert any(line.startswith(done) for line in lines), lines
     assert lines[-1].startswith("installed in ")
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 HEARTBEAT = 15.0  # seconds without a progress line before saying it is still working
 PACKAGE = re.compile(r"^(Collecting|Requirement already satisfied:) ([A-Za-z0-9_.\-\[\]]+)")
-UV_STEP = re.compile(r"^(?:(Resolved|Prepared|Uninstalled|Installed|Audited|Would install) \d+ package|Bytecode)")
+UV_STEP = re.compile(r"^(?:(Resolved|Prepared|Uninstalled|Installed|Audited|Checked) \d+ package|Bytecode)")
 INSTALLERS = ("uv", "pip")
 
 
