@@ -128,7 +128,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
-    from runners.runfolder import finished
+    from runners.runfolder import claim, finished
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under accelerate only rank 0 prints and tracks
 
@@ -138,6 +138,10 @@ def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
 
     log(f"recipe {recipe.name}: {recipe.train.steps} steps → {run_dir}")
     t0 = time.perf_counter()
+    claim(run_dir, recipe)  # another run's folder is refused before an MLflow run, torch or a model
+    if args.untracked and (done := finished(run_dir)) is not None:
+        log(f"{run_dir} is finished: best mean@16 {done['val/best_mean_at_16']:.3f}; nothing to train")
+        return 0
     if main_process and not args.untracked:
         from runners.ops.tracking import tracked_train
 
