@@ -292,40 +292,6 @@ def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatc
         ui.wait(timeout=30)
 
 
-@pytest.mark.xdist_group("ray")
-@pytest.mark.slow
-def test_ray_backend_runs_a_campaign_and_retries_a_preempted_run(store, tmp_path):
-    """A real local Ray instance: two runs land in MLflow; a run whose process is killed by a signal
-    (as a preempted job's is) is retried by Ray and resumes into the same MLflow run."""
-    import ray
-
-    path = write_campaign(
-        tmp_path / "ray.yaml",
-        "tiny-ray",
-        4,
-        {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]}},
-        backend="ray",
-        max_retries=2,
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        with killer(tmp_path / "artifacts" / "campaigns" / "tiny-ray", signal.SIGKILL) as killed:
-            summary = run_campaign(path, log=lambda m: None)
-    finally:
-        ray.shutdown()
-    assert not summary["failures"] and summary["ran"] == 2
-    assert killed, "the watcher never found the run to preempt"
-    client = MlflowClient(store)
-    exp = client.get_experiment_by_name("tiny-ray")
-    children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
-    assert len(children) == 2 and all(r.data.tags["prl.done"] == "1" for r in children)
-    for run in children:
-        assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
-        assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
-    log = next((tmp_path / "artifacts" / "campaigns" / "tiny-ray").glob("baseline-*/run.log")).read_text()
-    assert "resuming from" in log
-
-
 def test_a_ray_campaign_without_ray_installed_names_the_set_up_before_anything_runs(store, tmp_path, monkeypatch):
     """ray is in the full set only (requirements-full.lock): a Ray campaign on a runtime-only
     set-up stops with the command that installs it, before any MLflow run or process exists."""
@@ -703,7 +669,7 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
     def saved_since(t: float) -> bool:  # this process finished a checkpoint (prl_state.json is written last)
         return any(p.stat().st_mtime > t for p in folders.glob("*/checkpoints/checkpoint-*/prl_state.json"))
 
-    for _ in range(4):
+    for _ in range(3):  # each kill after a save of its own launch: three resumes of 12 steps
         launched = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
         # wait until *this* process has trained far enough to save (past imports, server start and

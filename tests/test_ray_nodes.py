@@ -1,6 +1,7 @@
 """A Ray campaign on a cluster of two nodes, both on this machine (``ray start --head`` and ``ray
-start --address``, one CPU each): its runs land on both nodes, and when the worker node is lost
-mid-run its run resumes on the head node with every step once in its history."""
+start --address``, one CPU each): its runs land on both nodes; a run whose process is killed by a
+signal (as a preempted job's is) is retried by Ray, and a run whose node is lost mid-run resumes
+on the head node, each into its own MLflow run with every step once in its history."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def _placements(run_dir: Path) -> list[str]:
 
 @pytest.mark.xdist_group("ray")
 @pytest.mark.slow
-def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_path, monkeypatch):
+def test_a_ray_campaign_lands_on_two_nodes_survives_a_preempted_run_and_losing_a_node(store, tmp_path, monkeypatch):
     import ray
 
     # one mode for the nodes and the driver: Ray turns token auth on by itself where ~/.ray/auth_token
@@ -117,6 +118,7 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
     )
     camp_dir = tmp_path / "artifacts" / "campaigns" / "tiny-ray-nodes"
     killed: list[str] = []  # the run whose node was lost, once
+    preempted: list[str] = []  # the run whose process was killed by a signal, once
     orphans: list[psutil.Process] = []  # its processes still alive a minute after
     with two_nodes(tmp_path) as (address, worker):
         doc = json.loads(path.read_text())
@@ -125,11 +127,20 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
         (head_id,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and "worker" not in n["Resources"]]
         stop = threading.Event()
 
-        def lose_the_worker_mid_run() -> None:
-            while not stop.is_set() and not killed:
+        def preempt_one_and_lose_the_worker_mid_run() -> None:
+            while not stop.is_set() and not (killed and preempted):
                 for run_dir in camp_dir.glob("*-seed0-*"):
-                    on_worker = _placements(run_dir)[:1] == [worker_id]
-                    if on_worker and (run_dir / "checkpoints" / "checkpoint-2" / "prl_state.json").is_file():
+                    first = _placements(run_dir)[:1]
+                    if not (run_dir / "checkpoints" / "checkpoint-2" / "prl_state.json").is_file():
+                        continue
+                    if first == [head_id] and not preempted:  # its trainer killed alone, as a preempted job's
+                        for p in psutil.process_iter(["cmdline"]):
+                            cmd = " ".join(p.info["cmdline"] or [])
+                            if "runners train" in cmd and str(run_dir) in cmd:
+                                with contextlib.suppress(psutil.NoSuchProcess):
+                                    p.kill()
+                                    preempted.append(run_dir.name)
+                    if first == [worker_id] and not killed:
                         runs = [p for p in psutil.process_iter(["cmdline"]) if run_dir.name in str(p.info["cmdline"])]
                         ray_procs = [p for p in psutil.Process(worker.pid).children(recursive=True) if p not in runs]
                         for proc in ray_procs:  # the node is gone: every Ray process of it, as `ray stop --force`
@@ -139,7 +150,7 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
                         orphans.extend(psutil.wait_procs(runs, timeout=60)[1])
                 time.sleep(0.2)
 
-        watcher = threading.Thread(target=lose_the_worker_mid_run, daemon=True)
+        watcher = threading.Thread(target=preempt_one_and_lose_the_worker_mid_run, daemon=True)
         watcher.start()
         try:
             said: list[str] = []
@@ -148,12 +159,15 @@ def test_a_ray_campaign_lands_on_two_nodes_and_survives_losing_one(store, tmp_pa
             stop.set()
             watcher.join(timeout=5)
     assert killed, "no run landed on the worker node, or it finished before its first checkpoint"
+    assert preempted, "no run landed on the head node, or it finished before its first checkpoint"
     assert not orphans, f"the lost node's run went on writing: {orphans}"
     assert not summary["failures"] and summary["ran"] == 2, "\n".join(said)
-    firsts = {run_dir.name: _placements(run_dir) for run_dir in camp_dir.glob("*-seed0-*")}
-    assert sorted(p[0] for p in firsts.values()) == sorted([head_id, worker_id])  # the runs landed on both nodes
-    assert firsts[killed[0]] == [worker_id, head_id]  # the lost node's run ran again on the head
-    assert "resuming from" in (camp_dir / killed[0] / "run.log").read_text()
+    attempts = {run_dir.name: _placements(run_dir) for run_dir in camp_dir.glob("*-seed0-*")}
+    assert sorted(p[0] for p in attempts.values()) == sorted([head_id, worker_id])  # the runs landed on both nodes
+    assert attempts[killed[0]] == [worker_id, head_id]  # the lost node's run ran again on the head
+    assert attempts[preempted[0]] == [head_id, head_id]  # retried by Ray where a CPU was free: the head's own
+    for name in (killed[0], preempted[0]):
+        assert "resuming from" in (camp_dir / name / "run.log").read_text(), name
 
     client = MlflowClient(store)
     exp = client.get_experiment_by_name("tiny-ray-nodes")
