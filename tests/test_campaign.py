@@ -7,11 +7,9 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -360,55 +358,6 @@ def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
         summary = run_campaign(path, log=lambda m: None)
     ((spec, why),) = summary["failures"]
     assert spec.variant == "baseline" and why.endswith("(died of SIGSEGV (signal 11) after 0 retries)")
-
-
-@pytest.mark.slow
-def test_campaign_writes_concurrently_to_a_postgresql_tracking_server(tmp_path, monkeypatch, tiny_base, request):
-    """A real PostgreSQL (Debian's binaries) behind ``mlflow server`` with MLflow's basic
-    authentication (``tracking-server --auth``), three runs writing at once with the credentials
-    in their environment, as ``set -a; . credentials.env`` gives them; a stranger is refused."""
-    from runners.ops.auth import BasicAuth
-    from runners.ops.postgres import PostgresCluster
-    from runners.ops.tracking import local_server
-
-    monkeypatch.chdir(tmp_path)
-    pg_root = Path(tempfile.mkdtemp(prefix="prl-pg-", dir="/tmp"))  # reachable by the postgres user when root
-    os.chmod(pg_root, 0o755)
-    request.addfinalizer(lambda: shutil.rmtree(pg_root, ignore_errors=True))
-    auth = BasicAuth(pg_root / "auth").prepare()
-    with (
-        PostgresCluster(pg_root / "data", port=free_port()) as pg,
-        local_server(
-            pg.uri, tmp_path / "artifacts-root", workers=2, auth_env=auth.server_env(), log=lambda m: None
-        ) as url,
-    ):
-        stranger = urllib.request.Request(f"{url}/api/2.0/mlflow/experiments/search?max_results=1")
-        with pytest.raises(urllib.error.HTTPError, match="401"):
-            urllib.request.urlopen(stranger, timeout=30)
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
-        for key, value in auth.client_env().items():
-            monkeypatch.setenv(key, value)
-        path = write_campaign(
-            tmp_path / "pg.yaml",
-            "tiny-pg",
-            4,
-            {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]}},
-            parallel=3,
-        )
-        lines: list[str] = []
-        summary = run_campaign(path, log=lines.append)
-        assert not summary["failures"] and summary["ran"] == 3
-        assert summary["tracking_uri"] == url
-        client = MlflowClient(url)
-        exp = client.get_experiment_by_name("tiny-pg")
-        children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
-        assert len(children) == 3
-        for run in children:
-            assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
-            for key in ("train/loss", "train/reward", "train/time/generation_seconds"):
-                assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
-            assert "samples_table.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert_ran_together(lines, client, children)
 
 
 def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int, int]:

@@ -1,5 +1,6 @@
 """The tracking server's PostgreSQL lets no one in but MLflow's own role (issue: trust authentication);
-`make tracking-server` survives a kill -9 of its owner and, with --auth, refuses strangers (issue 27)."""
+`make tracking-server` survives a kill -9 of its owner and, with --auth, refuses strangers (issue 27)
+and takes a campaign's concurrent runs."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ import sqlalchemy
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from runners.ops.campaign_runs import run_campaign
 from runners.ops.postgres import ROLE, PostgresCluster, find_bin
 from runners.ops.tracking import MlflowSink, free_port
+from tests.test_campaign import assert_ran_together, history_steps, write_campaign
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another local user (runuser)")
 
@@ -103,11 +106,11 @@ def test_a_cluster_made_with_trust_is_locked_on_its_next_start(cluster):
 # --- make tracking-server: owned, restartable after kill -9, basic authentication (issue 27) ---------
 
 
-def _start_tracking_server(root: Path, port: int, log: Path) -> subprocess.Popen:
+def _start_tracking_server(root: Path, port: int, log: Path, workers: int = 1) -> subprocess.Popen:
     with log.open("a") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "runners", "tracking-server", "--root", str(root), "--port", str(port)]
-            + ["--workers", "1", "--auth"],
+            + ["--workers", str(workers), "--auth"],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=Path(__file__).resolve().parent.parent,
@@ -136,12 +139,16 @@ def _rest(url: str, path: str, body: dict, auth: tuple[str, str] | None = None) 
 
 
 @pytest.mark.slow
-def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9(request, monkeypatch):
+def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9(
+    request, monkeypatch, tiny_base, tmp_path
+):
     """`tracking-server --auth`: a REST request without the generated credentials is refused (401;
     before, any local account created and deleted experiments), with them it works, and an MLflow
     client given them in its environment (as a campaign's runs get them) logs a run. kill -9 of the
     owner left PostgreSQL (and MLflow) running, and the next start failed with 'pg_ctl: another
-    server might be running'; now the next start stops what it left and serves the same store."""
+    server might be running'; now the next start stops what it left and serves the same store.
+    Then a campaign's three runs write to it at once through two server workers, with the
+    credentials in their environment as ``set -a; . credentials.env`` gives them."""
     root = Path(tempfile.mkdtemp(prefix="prl-ts-", dir="/tmp"))  # reachable by the postgres user
     os.chmod(root, 0o755)
     request.addfinalizer(lambda: shutil.rmtree(root, ignore_errors=True))
@@ -190,7 +197,7 @@ def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9
     first.wait()
     assert psutil.pid_exists(pg_pid)
     log = root / "ts-again.log"
-    again = _start_tracking_server(root, port, log)
+    again = _start_tracking_server(root, port, log, workers=2)
     request.addfinalizer(lambda: again.poll() is None and again.kill())
     _wait_for(log, "basic authentication on", again)
     assert f"stopping PostgreSQL (pid {pg_pid}" in log.read_text() and not psutil.pid_exists(pg_pid)
@@ -198,6 +205,24 @@ def test_tracking_server_with_auth_refuses_strangers_and_comes_back_after_kill_9
     assert run.data.metrics == {"train/loss": 0.5} and run.info.status == "FINISHED"
     assert [a.path for a in client.list_artifacts(run_id)] == ["note.txt"]
     assert _rest(url, "experiments/delete", {"experiment_id": exp}) == 401
+
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES")  # the runs retry as a user's would
+    monkeypatch.chdir(tmp_path)
+    camp = write_campaign(
+        tmp_path / "pg.yaml", "tiny-pg", 4, {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]}},
+        parallel=3,
+    )  # fmt: skip
+    lines: list[str] = []
+    summary = run_campaign(camp, log=lines.append)
+    assert not summary["failures"] and summary["ran"] == 3 and summary["tracking_uri"] == url
+    children = client.search_runs([client.get_experiment_by_name("tiny-pg").experiment_id], "tags.`prl.run_id` != ''")
+    assert len(children) == 3
+    for child in children:
+        assert history_steps(client, child.info.run_id, "val/mean_at_16") == [0, 2, 4]
+        for key in ("train/loss", "train/reward", "train/time/generation_seconds"):
+            assert history_steps(client, child.info.run_id, key) == [1, 2, 3, 4], key
+        assert "samples_table.json" in {a.path for a in client.list_artifacts(child.info.run_id)}
+    assert_ran_together(lines, client, children)
 
     pg_pid = int((root / "pgdata" / "postmaster.pid").read_text().split()[0])
     again.send_signal(signal.SIGTERM)  # a clean stop takes PostgreSQL and every MLflow process along

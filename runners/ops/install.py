@@ -114,7 +114,7 @@ def install(args: list[str], say=print) -> int:
             step = UV_STEP.match(line)  # uv: "Resolved 207 packages in 1.2s", "Installed 207 packages in 5.1s"
             if step:
                 say(f"  {line}")
-                phase = "compiling bytecode (pip does it while installing)" if step.group(1) == "Installed" else phase
+                phase = "compiling bytecode" if step.group(1) == "Installed" else phase
                 last = now
             elif match:
                 seen += 1
