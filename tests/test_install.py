@@ -71,3 +71,13 @@ def test_uv_is_given_the_package_sources_pip_is_configured_with(tmp_path):
 def test_an_unknown_installer_is_named_with_the_choices():
     res = install("conda", "-r", "requirements.lock")
     assert res.returncode == 1 and "PRL_INSTALLER='conda': use one of uv, pip" in res.stderr
+
+
+def test_a_flag_in_both_pips_configuration_and_the_arguments_reaches_uv_once(monkeypatch):
+    from runners.ops.install import command
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    cmd, _ = command("uv", ["--dry-run", "--no-index", "-r", "requirements.lock"])
+    assert cmd.count("--no-index") == 1
+    cmd, _ = command("uv", ["-r", "requirements.lock"])
+    assert cmd.count("--no-index") == 1  # from pip's configuration alone

@@ -75,8 +75,9 @@ def command(name: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
         return [*cmd, *args], dict(os.environ)
     sources, env = pip_sources()
     cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable, "--color", "never"]
-    cmd += ["--no-progress", "--compile-bytecode", "--index-strategy", "unsafe-best-match", *sources]
-    return [*cmd, *args], {**os.environ, **env}
+    cmd += ["--no-progress", "--compile-bytecode", "--index-strategy", "unsafe-best-match"]
+    sources = [a for a in sources if a != "--no-index" or a not in args]  # uv takes a flag once
+    return [*cmd, *sources, *args], {**os.environ, **env}
 
 
 def _duration(seconds: float) -> str:
