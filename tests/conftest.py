@@ -198,6 +198,44 @@ def concurrent_campaign(tmp_path_factory, tiny_base, store_template) -> dict:
     return {**json.loads(result.read_text()), "root": root, "path": path, "store": store}
 
 
+SMALL_RUN = [  # the distributed tests' run: 4 steps, 2 evaluations of 9 prompts, over 1 or 2 processes
+    "model.size=tiny",
+    "batch.prompts=2",
+    "batch.generations=4",
+    "batch.micro_batch=8",
+    "length.control=interruption",
+    "length.think_budget=[4, 10]",
+    "length.answer_budget=6",
+    "train.steps=4",
+    "train.save_every=2",
+    "eval.every=2",
+    "eval.prompts=9",  # 5 and 4 prompts over 2 processes: the second runs out one generate call early
+    "eval.samples=4",
+    "eval.batch_prompts=4",
+]
+
+
+def train_small_run(run_dir: Path, processes: int) -> list[dict]:
+    """``runners train`` of :data:`SMALL_RUN` over ``processes`` (``--gpus``: DDP through accelerate,
+    gloo on CPU), tracked to ``mlflow.db`` beside ``run_dir``; its metrics records."""
+    cmd = [sys.executable, "-m", "runners", "train", "scalerl", *[f"--set={s}" for s in SMALL_RUN]]
+    cmd += ["--run-dir", str(run_dir), "--gpus", str(processes)]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir.parent / 'mlflow.db'}"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def ddp_run(tmp_path_factory, tiny_base) -> Path:
+    """:data:`SMALL_RUN` over two DDP processes, once per worker: what a run over one process
+    (tests/test_distributed.py) and FSDP's sharded run (tests/test_fsdp.py) are compared with.
+    Their tests share an xdist group, so one worker runs it. Its folder; the store beside it."""
+    run_dir = tmp_path_factory.mktemp("ddp") / "two"
+    train_small_run(run_dir, 2)
+    return run_dir
+
+
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> Path:
     """An untrained tiny Llama with the project's tokenizer, saved like any HF checkpoint."""

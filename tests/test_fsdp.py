@@ -22,29 +22,14 @@ import pytest
 import torch
 import yaml
 
+from runners.ops.tracking import free_port
 from runners.recipe import RecipeError, load_recipe
 from runners.rl.memory import Dims, check_fits, estimate
 from runners.rl.sharding import Layout
+from tests.conftest import SMALL_RUN
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "experiments" / "accelerate"
-RUN = [
-    "model.size=tiny",
-    "batch.prompts=2",
-    "batch.generations=4",
-    "batch.micro_batch=8",
-    "length.control=interruption",
-    "length.think_budget=[4, 10]",
-    "length.answer_budget=6",
-    "train.steps=4",
-    "train.save_every=2",
-    "eval.every=2",
-    "eval.prompts=9",  # 5 and 4 prompts: the second process runs out one generate call early
-    "eval.samples=4",
-    "eval.batch_prompts=4",
-]
-
-
 def cpu_config(tmp_path: Path, version: int) -> Path:
     """The shipped example config, as a CPU launch needs it: nothing to sync module states onto."""
     cfg = yaml.safe_load((CONFIGS / f"fsdp{version}.yaml").read_text())
@@ -54,14 +39,12 @@ def cpu_config(tmp_path: Path, version: int) -> Path:
     return path
 
 
-def launch(config: Path | None, run_dir: Path, *, wait: bool = True):
-    """``python -m runners train`` on 2 CPU processes: FSDP 2 with ``config``, DDP without."""
-    if config is None:
-        cmd = [sys.executable, "-m", "runners", "train", "scalerl", "--gpus", "2"]
-    else:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--config_file"]
-        cmd += [str(config), "--mixed_precision", "no", "-m", "tests.fsdp_cpu", "train", "scalerl"]
-    cmd += [*[f"--set={s}" for s in RUN], "--untracked", "--run-dir", str(run_dir)]
+def launch(config: Path, run_dir: Path, *, wait: bool = True):
+    """``python -m runners train`` of the distributed tests' run on 2 CPU processes, FSDP 2 with ``config``."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--config_file"]
+    cmd += [str(config), "--mixed_precision", "no", "--main_process_port", str(free_port())]  # never 29500 twice
+    cmd += ["-m", "tests.fsdp_cpu", "train", "scalerl"]
+    cmd += [*[f"--set={s}" for s in SMALL_RUN], "--untracked", "--run-dir", str(run_dir)]
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -84,7 +67,8 @@ def kill_tree(pid: int) -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; GPUs run FSDP for real (results/fsdp)")
 @pytest.mark.slow
-def test_fsdp2_run_trains_evaluates_saves_whole_models_and_resumes_after_a_kill(tmp_path, tiny_base):
+@pytest.mark.xdist_group("ddp")  # with tests/test_distributed.py, on the one worker that runs ddp_run
+def test_fsdp2_run_trains_evaluates_saves_whole_models_and_resumes_after_a_kill(tmp_path, tiny_base, ddp_run):
     config = cpu_config(tmp_path, 2)
     straight = tmp_path / "fsdp"
     launch(config, straight)
@@ -107,8 +91,7 @@ def test_fsdp2_run_trains_evaluates_saves_whole_models_and_resumes_after_a_kill(
         assert all(torch.equal(saved[k], base[k]) for k in base)
 
     # evaluation generates with whole parameters: step 0 (before any update) is DDP's to the digit
-    ddp = tmp_path / "ddp"
-    launch(None, ddp)
+    ddp = ddp_run
     for key in ("val/mean_at_16", "val/pass_at_16", "val/format_error_rate"):
         assert recs[0][key] == records(ddp)[0][key], key
     assert [recs[s]["compute/samples"] for s in (2, 4)] == [records(ddp)[s]["compute/samples"] for s in (2, 4)]
@@ -152,7 +135,7 @@ def test_the_layout_read_from_accelerates_launch_is_the_config_files(tmp_path, v
     probe.write_text("from runners.rl.sharding import Layout; print('LAYOUT', repr(Layout.from_env()))\n")
     res = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--config_file"]
-        + [str(cpu_config(tmp_path, version)), str(probe)],
+        + [str(cpu_config(tmp_path, version)), "--main_process_port", str(free_port()), str(probe)],
         capture_output=True,
         text=True,
         timeout=300,
