@@ -167,12 +167,14 @@ def own_store(tmp_path, monkeypatch, tiny_base, store_template) -> str:
 
 @pytest.fixture(scope="session")
 def concurrent_campaign(tmp_path_factory, tiny_base, store_template) -> dict:
-    """A tiny campaign of three runs trained at once (``parallel: 3``: baseline, loss=dapo, loss=gspo,
-    4 steps) through its local MLflow server into a SQLite store, run once per session (the first
-    xdist worker to ask runs it, the others wait on its lock) and read by the tests of what a
-    campaign leaves: that its runs ran together and lost no metric, the MLflow UI's REST API and
-    a browser's first visit. They only read it, except that the browser test's ``analysis fit``
-    adds the fitted table to the parent run and each run's report. Returns the folder it ran in
+    """A tiny LOO campaign of two axes, three runs trained at once (``parallel: 3``: baseline,
+    loss=dapo, sampling=uniform, 4 steps) through its local MLflow server into a SQLite store, run
+    once per session (the first xdist worker to ask runs it, the others wait on its lock) and read
+    by the tests of what a campaign leaves (their xdist group keeps them on one worker, one after
+    another): what lands in MLflow, that its runs ran together and lost no metric, the MLflow UI's
+    REST API and a browser's first visit. They only read it, except that the browser test's
+    ``analysis fit`` adds the fitted table to the parent run and each run's report, and its check
+    of a run of an earlier version adds one and deletes it. Returns the folder it ran in
     (``root``), the campaign file (``path``), the store URI (``store``), ``ran``, ``failures``
     and the campaign's log ``lines``."""
     from filelock import FileLock
@@ -186,7 +188,10 @@ def concurrent_campaign(tmp_path_factory, tiny_base, store_template) -> dict:
         if not result.is_file():
             root.mkdir(exist_ok=True)
             empty_store(store_template, root / "mlflow.db")
-            axes = {"loss": {"key": "algorithm.loss", "values": ["cispo", "dapo", "gspo"]}}
+            axes = {
+                "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]},
+                "sampling": {"key": "algorithm.sampling", "values": ["no_positive_resampling", "uniform"]},
+            }
             write_campaign(path, "concurrent", 4, axes, parallel=3)
             lines: list[str] = []
             with pytest.MonkeyPatch.context() as mp:  # as `make ablation` runs it: from its folder, on its store

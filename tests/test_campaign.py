@@ -15,10 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import pandas as pd
 import psutil
 import pytest
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign import CampaignError, expand, load_campaign
@@ -128,27 +126,29 @@ def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_pat
         assert "building base model" not in log.read_text()  # neither run built its own
 
 
-@pytest.mark.slow
-def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
-    path = write_campaign(
-        tmp_path / "tiny.yaml",
-        "tiny-loo",
-        4,
-        {
-            "loss": {"key": "algorithm.loss", "values": ["cispo", "dapo"]},
-            "sampling": {"key": "algorithm.sampling", "values": ["no_positive_resampling", "uniform"]},
-        },
-    )
-    summary = run_campaign(path, log=lambda m: None)
-    assert summary["ran"] == 3 and not summary["failures"]
+def _kill_tree(pid: int) -> None:
+    parent = psutil.Process(pid)
+    for p in [*parent.children(recursive=True), parent]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
 
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
+def test_a_campaign_lands_in_mlflow_its_concurrent_runs_lose_no_metric_and_a_rerun_runs_nothing(
+    concurrent_campaign, monkeypatch
+):
+    store, lines = concurrent_campaign["store"], concurrent_campaign["lines"]
+    assert concurrent_campaign["ran"] == 3 and not concurrent_campaign["failures"]
+    # the three wrote through one local server in front of the SQLite store
+    assert any(x.startswith("MLflow tracking server http://127.0.0.1:") and f"store {store}" in x for x in lines)
     client = MlflowClient(store)
-    exp = client.get_experiment_by_name("tiny-loo")
+    exp = client.get_experiment_by_name("concurrent")
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens the training view
     parent = client.search_runs([exp.experiment_id], "tags.`prl.kind` = 'campaign'")[0]
-    children = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
-    assert sorted(r.data.tags["prl.variant"] for r in children) == ["baseline", "loss=dapo", "sampling=uniform"]
-    for run in children:
+    runs = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+    assert sorted(r.data.tags["prl.variant"] for r in runs) == ["baseline", "loss=dapo", "sampling=uniform"]
+    for run in runs:
         tags, params = run.data.tags, run.data.params
         assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["prl.done"] == "1"
         assert {"prl.seed", "prl.axis", "prl.git_commit", "prl.versions", "prl.code_version"} <= set(tags)
@@ -162,76 +162,15 @@ def test_tiny_campaign_lands_in_mlflow_and_is_idempotent(store, tmp_path):
         assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
         arts = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"metrics.jsonl", "samples.jsonl", "samples_table.json", "recipe.yaml"} <= arts
-        assert "prl.report" not in tags  # runners produce runs; their reports are analysis's
         for key in ("train/time/generation_seconds", "train/time/update_seconds", "train/memory/host_peak_rss_gb"):
             assert history_steps(client, run.info.run_id, key) == [1, 2, 3, 4], key
         assert history_steps(client, run.info.run_id, "train/nonfinite_values") == [1, 2, 3, 4]
-    assert summary_fit_written(tmp_path / "artifacts" / "campaigns")
-    for run in children:  # the fit wrote each finished run's report and logged it to the run
-        report = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
-        assert {"report/report.md", "report/validation.png", "report/time_profile.png"} <= report
-        assert client.get_run(run.info.run_id).data.tags["prl.report"] == "report/report.md"
-    runs_md = (tmp_path / "artifacts" / "campaigns" / "fit" / "runs.md").read_text()
-    assert runs_md.count("](reports/") == 3 and "runs:/" not in runs_md  # links to the local reports
-    assert all((tmp_path / "artifacts" / "campaigns" / "fit" / link).is_file() for link in report_links(runs_md))
-    again = run_campaign(path, log=lambda m: None)
-    assert again["ran"] == 0
-
-    # a run an earlier version of this campaign left (another identity, same variant and seed):
-    # `analysis fit` of the campaign file fits this version's runs and counts that one out
-    old = client.create_run(exp.experiment_id, tags={**children[0].data.tags, "prl.run_id": "earlier-version"})
-    client.log_batch(old.info.run_id, metrics=[Metric("val/mean_at_16", 0.9, 0, 0), Metric("compute/samples", 0, 0, 0)])
-    old_variant = children[0].data.tags["prl.variant"]
-    cmd = [sys.executable, "-m", "analysis", "fit", str(path), "--out", str(tmp_path / "cli-fit")]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    assert "1 run(s) of another version of campaign tiny-loo" in res.stdout
-    table = pd.read_csv(tmp_path / "cli-fit" / "loo_table.csv").set_index("variant")
-    assert table.loc[old_variant, "points"] == 3  # steps 0, 2, 4 of this version's run, not the earlier one's
-    # the reports written by the first fit are copied beside this one's runs.md, so its links open too
-    links = report_links((tmp_path / "cli-fit" / "runs.md").read_text())
-    assert len(links) == 3 and all((tmp_path / "cli-fit" / link).is_file() for link in links)
-
-
-def report_links(runs_md: str) -> list[str]:
-    """The relative report links of a runs.md."""
-    import re
-
-    return re.findall(r"\]\((reports/[^)]+/report\.md)\)", runs_md)
-
-
-def summary_fit_written(root: Path) -> bool:
-    from analysis.loo import write_report
-
-    table = write_report("tiny-loo", root / "fit", {"a_grid": "0.05:1.0:0.005"}, log=lambda m: None)
-    return (root / "fit" / "loo_table.md").is_file() and set(table["variant"]) == {
-        "baseline",
-        "loss=dapo",
-        "sampling=uniform",
-    }
-
-
-def _kill_tree(pid: int) -> None:
-    parent = psutil.Process(pid)
-    for p in [*parent.children(recursive=True), parent]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.send_signal(signal.SIGKILL)
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
-def test_concurrent_runs_lose_no_metrics(concurrent_campaign):
-    store, lines = concurrent_campaign["store"], concurrent_campaign["lines"]
-    assert concurrent_campaign["ran"] == 3 and not concurrent_campaign["failures"]
-    # the three wrote through one local server in front of the SQLite store
-    assert any(x.startswith("MLflow tracking server http://127.0.0.1:") and f"store {store}" in x for x in lines)
-    client = MlflowClient(store)
-    runs = client.search_runs([client.get_experiment_by_name("concurrent").experiment_id], "tags.`prl.run_id` != ''")
-    assert len(runs) == 3
-    for r in runs:
-        assert history_steps(client, r.info.run_id, "val/mean_at_16") == [0, 2, 4]
-        assert history_steps(client, r.info.run_id, "train/loss") == [1, 2, 3, 4]
     assert_ran_together(lines, client, runs)
+    monkeypatch.chdir(concurrent_campaign["root"])  # as `make ablation` runs it again: from its folder, on its store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    again: list[str] = []
+    assert run_campaign(concurrent_campaign["path"], log=again.append)["ran"] == 0
+    assert any("3 done, 0 stopped, 0 to run" in x for x in again), again
 
 
 def assert_ran_together(lines: list[str], client: MlflowClient, runs) -> None:
@@ -280,7 +219,8 @@ def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatc
         )
         with urllib.request.urlopen(req) as r:
             runs = json.load(r)["runs"]
-        assert sorted(r["info"]["run_name"] for r in runs) == ["baseline/seed0", "loss=dapo/seed0", "loss=gspo/seed0"]
+        names = sorted(r["info"]["run_name"] for r in runs)
+        assert names == ["baseline/seed0", "loss=dapo/seed0", "sampling=uniform/seed0"]
         for run in runs:
             query = f"run_id={run['info']['run_id']}&metric_key=val/mean_at_16"
             with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
@@ -571,6 +511,7 @@ def test_a_tracked_run_with_nothing_to_resume_starts_over_as_a_new_mlflow_run(st
     assert not run_campaign(path, log=lambda m: None)["failures"]
     (new,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
     assert new.info.run_id != old.info.run_id and new.data.tags["prl.done"] == "1"
+    assert "prl.report" not in new.data.tags  # runners produce runs; their reports are analysis's
     abandoned = client.get_run(old.info.run_id)
     assert abandoned.data.tags["prl.abandoned_for"] == new.info.run_id and abandoned.info.status == "FAILED"
     assert history_steps(client, new.info.run_id, "val/mean_at_16") == [0, 2, 4]

@@ -1,10 +1,13 @@
 """MLflow's UI as a user first sees it: a fresh headless Chromium (Debian's) opening the address
-``make ui`` prints, over a store a real tiny campaign wrote and ``analysis fit`` fitted."""
+``make ui`` prints, over a store a real tiny campaign wrote and ``analysis fit`` fitted; what that
+fit leaves (each run's report, the runs list's links) and a fit that counts out an earlier
+version's run."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,7 +18,9 @@ import urllib.request
 from pathlib import Path
 
 import matplotlib.image
+import pandas as pd
 import pytest
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from runners.ops import store as prl_store
@@ -79,6 +84,15 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
     assert {"loo/loo_table.md", "loo/loo_curves.png", "loo/runs.md"} <= {
         a.path for a in client.list_artifacts(parent, "loo")
     }
+    runs = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
+    for run in runs:  # the fit wrote each finished run's report and logged it to the run
+        report = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
+        assert {"report/report.md", "report/validation.png", "report/time_profile.png"} <= report
+        assert run.data.tags["prl.report"] == "report/report.md"
+    fit_dir = Path("artifacts", "campaigns", "concurrent", "fit").resolve()
+    runs_md = (fit_dir / "runs.md").read_text()
+    assert runs_md.count("](reports/") == 3 and "runs:/" not in runs_md  # links to the local reports
+    assert all((fit_dir / link).is_file() for link in report_links(runs_md))
 
     port = free_port()
     cmd = [sys.executable, "-m", "runners", "ui", "--tracking-uri", campaign_store, "--port", str(port)]
@@ -121,6 +135,31 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
         ui.stdout.close()
+
+    # a run an earlier version of this campaign left (another identity, same variant and seed): `analysis
+    # fit` of the campaign file fits this version's runs and counts that one out; the reports the first
+    # fit logged are copied beside this fit's runs.md, so its links open too. Deleted after: the other
+    # tests of this session's campaign see the campaign as it ran.
+    old = client.create_run(exp_id, tags={**runs[0].data.tags, "prl.run_id": "earlier-version"})
+    try:
+        client.log_batch(
+            old.info.run_id, metrics=[Metric("val/mean_at_16", 0.9, 0, 0), Metric("compute/samples", 0, 0, 0)]
+        )
+        cmd = [sys.executable, "-m", "analysis", "fit", str(path), "--out", str(tmp_path / "cli-fit")]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        assert "1 run(s) of another version of campaign concurrent" in res.stdout
+        table = pd.read_csv(tmp_path / "cli-fit" / "loo_table.csv").set_index("variant")
+        assert table.loc[runs[0].data.tags["prl.variant"], "points"] == 3  # steps 0, 2, 4 of this version's run
+        links = report_links((tmp_path / "cli-fit" / "runs.md").read_text())
+        assert len(links) == 3 and all((tmp_path / "cli-fit" / link).is_file() for link in links)
+    finally:
+        client.delete_run(old.info.run_id)
+
+
+def report_links(runs_md: str) -> list[str]:
+    """The relative report links of a runs.md."""
+    return re.findall(r"\]\((reports/[^)]+/report\.md)\)", runs_md)
 
 
 def test_a_campaigns_view_is_a_saved_view_of_its_runs_against_its_compute_axis():
