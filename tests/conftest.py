@@ -305,8 +305,15 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tests (``@pytest.mark.slow``: end to end, seconds to minutes each) first, those that
-    need no tiny base model ahead (they run while it is built), then the quick ones, each in
-    collection order: with ``make test``'s xdist workers the quick tests fill the end, so no
-    worker waits alone on a long test at the end of the session."""
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, "tiny_base" in item.fixturenames))
+    """The slow tests (``@pytest.mark.slow``: end to end, seconds to minutes each) first: those that
+    need no tiny base model (they run while it is built), then the xdist groups (a group is one
+    unit of a worker's work, minutes long: the SLURM cluster's tests, the session campaign's), then
+    the others; the quick ones last, each in collection order. With ``make test``'s xdist workers
+    the quick tests fill the end, so no worker waits alone on a long unit at the end of the session."""
+
+    def order(item) -> tuple[bool, int]:
+        slow = item.get_closest_marker("slow") is not None
+        tier = 0 if "tiny_base" not in item.fixturenames else 1 if item.get_closest_marker("xdist_group") else 2
+        return not slow, tier
+
+    items.sort(key=order)
