@@ -228,6 +228,11 @@ def train_small_run(run_dir: Path, processes: int) -> list[dict]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir.parent / 'mlflow.db'}"}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return metrics_records(run_dir)
+
+
+def metrics_records(run_dir: Path) -> list[dict]:
+    """A run folder's evaluation records (``metrics.jsonl``), in order."""
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 

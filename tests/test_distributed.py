@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.recipe import RecipeError, load_recipe
 from runners.rl.plan import trl_args
-from tests.conftest import train_small_run
+from tests.conftest import metrics_records, train_small_run
 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ddp")  # with tests/test_fsdp.py, on the one worker that runs ddp_run
 def test_two_processes_match_one_process_semantics(tmp_path, ddp_run):
-    one, two = train_small_run(tmp_path / "one", 1), records(ddp_run)
+    one, two = train_small_run(tmp_path / "one", 1), metrics_records(ddp_run)
     assert [r["step"] for r in two] == [r["step"] for r in one] == [0, 2, 4]
     # every validation prompt evaluated exactly once, not once per process
     assert [r["val/prompts"] for r in two] == [r["val/prompts"] for r in one] == [9.0, 9.0, 9.0]
@@ -34,10 +32,6 @@ def test_two_processes_match_one_process_semantics(tmp_path, ddp_run):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/mean_at_16")) == [0, 2, 4]
         assert "samples_table.json" in {a.path for a in client.list_artifacts(run.info.run_id)}
         assert run.data.params["train.steps"] == "4" and run.data.tags["prl.run_id"]
-
-
-def records(run_dir) -> list[dict]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_world_size_splits_the_global_batch():
