@@ -12,7 +12,10 @@ RECIPE  ?= scalerl
 AXIS    ?=
 PORT    ?= 5000
 LAB_PORT ?= 8888
-APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install -y -qq >/dev/null
+# the test suite's Debian packages, without their recommends (Chromium's alone pulled in ~100 desktop
+# packages: printing, Samba, Perl), which halved their install on a fresh machine
+APT_INSTALL := DEBIAN_FRONTEND=noninteractive apt-get install --no-install-recommends -y -qq >/dev/null
+SLURM_DEBS := slurmctld slurmd slurm-client munge
 WHEELS_PY ?= 3.12
 # make test's pytest-xdist worker processes (0: one process, as plain pytest runs)
 TEST_WORKERS ?= 2
@@ -56,8 +59,8 @@ chromium: # Debian's headless Chromium, for the test that renders the MLflow UI 
 
 slurm: # Debian's SLURM (slurmctld, slurmd, client commands) and munge, for the SLURM backend's tests (installed with apt when root)
 	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null 2>&1 || \
-	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) slurm-wlm munge || { apt-get update -qq && $(APT_INSTALL) slurm-wlm munge; }; }; } || \
-	  { echo "error: the tests need Debian's SLURM and munge: apt-get install slurm-wlm munge"; exit 1; }
+	  { [ "$$(id -u)" = 0 ] && { $(APT_INSTALL) $(SLURM_DEBS) || { apt-get update -qq && $(APT_INSTALL) $(SLURM_DEBS); }; }; } || \
+	  { echo "error: the tests need Debian's SLURM and munge: apt-get install $(SLURM_DEBS)"; exit 1; }
 
 postgres: # Debian's PostgreSQL server binaries, for the tracking-server test (installed with apt when root)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \

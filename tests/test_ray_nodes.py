@@ -32,11 +32,16 @@ RAY = str(Path(sys.executable).parent / "ray")
 def _ray_node(*args: str, log: Path, tries: int = 3) -> subprocess.Popen:
     """``ray start ARGS --block``: one node, its processes in a session of their own, once it says
     it started. Ray gives a node's agent 30 s to start (a fixed wait), which a loaded machine can
-    miss: then the node is stopped and started again."""
+    miss: then the node is stopped and started again. A node stopped by SIGTERM shuts down at once
+    instead of draining for up to 30 s, which the test's nodes spent idle at its end."""
     for _ in range(tries):
         cmd = [RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000"]
         cmd += ["--disable-usage-stats", "--block"]
-        env = {**os.environ, "RAY_raylet_start_wait_time_s": "300"}  # Ray's 60 s is short on a loaded machine
+        env = {
+            **os.environ,
+            "RAY_raylet_start_wait_time_s": "300",  # Ray's 60 s is short on a loaded machine
+            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # stopped at the end: no 30 s drain (SIGTERM), idle
+        }
         proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
         deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline and "Ray runtime started" not in log.read_text():

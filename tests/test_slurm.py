@@ -1,6 +1,7 @@
-"""The SLURM backend against a real SLURM: Debian's slurm-wlm and munge (``make slurm`` installs
-them), a single-node cluster (munged, slurmctld and slurmd on this machine, no cgroups, no
-accounting) started by a fixture from a generated slurm.conf in a temporary folder.
+"""The SLURM backend against a real SLURM: Debian's slurmctld, slurmd, slurm-client and munge
+(``make slurm`` installs them), a single-node cluster (munged, slurmctld and slurmd on this
+machine, no cgroups, no accounting) started by a fixture from a generated slurm.conf in a
+temporary folder.
 
 A tiny campaign runs to its fitted table while one job is requeued and the other cancelled
 mid-run; an interrupted campaign cancels its own jobs and no other; the ``slurm:`` section's
@@ -43,7 +44,8 @@ def slurm_on_this_machine(d: Path):
     """A one-node SLURM cluster on this machine, its files in ``d``; SLURM_CONF points the client
     commands at it."""
     missing = [x for x in (*DAEMONS, "mungekey", "sbatch") if shutil.which(x) is None]
-    assert not missing, f"the SLURM tests need Debian's slurm-wlm and munge ({missing} missing): make slurm"
+    debs = "slurmctld, slurmd, slurm-client and munge"
+    assert not missing, f"the SLURM tests need Debian's {debs} ({missing} missing): make slurm"
     (d / "munge-key").mkdir(mode=0o700)
     (d / "munge").mkdir(mode=0o755)
     for sub in ("state", "spool", "run"):
