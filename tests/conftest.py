@@ -180,7 +180,7 @@ def concurrent_campaign(tmp_path_factory, tiny_base, store_template) -> dict:
     from filelock import FileLock
 
     from runners.ops.campaign_runs import run_campaign
-    from tests.test_campaign import write_campaign
+    from tests.campaigns import write_campaign
 
     root = session_root(tmp_path_factory) / "concurrent-campaign"
     store, path, result = f"sqlite:///{root / 'mlflow.db'}", root / "conc.yaml", root / "result.json"

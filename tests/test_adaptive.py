@@ -169,7 +169,7 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     from runners.ops.adaptive import decision_tag
     from runners.ops.campaign import expand
     from runners.ops.campaign_runs import child_run, run_campaign
-    from tests.test_campaign import history_steps, write_campaign
+    from tests.campaigns import history_steps, write_campaign
 
     path = write_campaign(
         tmp_path / "a.yaml",
@@ -222,7 +222,7 @@ def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path, 
     from runners.ops.campaign import expand
     from runners.ops.campaign_runs import child_run
     from runners.ops.local import run_folder
-    from tests.test_campaign import write_campaign
+    from tests.campaigns import write_campaign
 
     camp = load_campaign(
         write_campaign(

@@ -78,13 +78,10 @@ def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(tmp_path):
+def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(tmp_path, cli):
     """`make fit` while a campaign runs (or after a run failed): the variant is fitted on the curves
     so far, and the table and the command say which have not finished, instead of passing a partial
     curve's last value off as its final one."""
-    import subprocess
-    import sys
-
     df = curves({"baseline": (2542, 1.92, 0.61), "loss=dapo": (2542, 1.92, 0.61)})
     df.insert(0, "run", df["variant"] + "/seed" + df["seed"].astype(str))
     cut = (df["run"] == "loss=dapo/seed1") & (df["step"] > 40)  # half-way through when read
@@ -96,8 +93,7 @@ def test_runs_that_have_not_finished_are_named_in_the_table_and_by_the_command(t
 
     path = tmp_path / "curves.csv"
     df.rename(columns={X: "compute/samples"}).to_csv(path, index=False)  # loo-cpu fits on compute/samples
-    cmd = [sys.executable, "-m", "analysis", "fit", "loo-cpu", "--curves", str(path), "--out", str(tmp_path / "fit")]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = cli("analysis", "fit", "loo-cpu", "--curves", str(path), "--out", str(tmp_path / "fit"))
     assert res.returncode == 0, res.stderr
     assert "warning: 1 run(s) have not finished" in res.stderr
     assert "(1 of 2 runs unfinished)" in (tmp_path / "fit" / "loo_table.md").read_text()

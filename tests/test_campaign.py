@@ -4,7 +4,6 @@ concurrent writers, the fit table and the MLflow UI's REST API."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import signal
@@ -22,39 +21,8 @@ from mlflow.tracking import MlflowClient
 from runners.ops.campaign import CampaignError, expand, load_campaign
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
+from tests.campaigns import TINY, assert_ran_together, history_steps, wait_healthy, write_campaign
 from tests.conftest import empty_store
-
-TINY = {
-    "model.size": "tiny",
-    "batch.prompts": 2,
-    "batch.generations": 4,
-    "batch.micro_batch": 8,
-    "length.think_budget": [12, 20],
-    "length.answer_budget": 8,
-    "eval.prompts": 8,
-    "eval.samples": 4,
-    "eval.batch_prompts": 8,
-}
-
-
-def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Path:
-    overrides = {**TINY, "train.steps": steps, "train.save_every": 2, "eval.every": 2}
-    doc = {
-        "name": name,
-        "baseline": "scalerl",
-        "kind": "loo",
-        "seeds": [0],
-        "overrides": overrides,
-        "axes": axes,
-        "fit": {"x": "compute/gpu_hours", "a_grid": "0.05:1.0:0.005"},
-        **extra,
-    }
-    path.write_text(json.dumps(doc))  # JSON is YAML
-    return path
-
-
-def history_steps(client, run_id, key):
-    return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
 def test_loo_expansion_changes_exactly_one_axis(tmp_path):
@@ -183,18 +151,6 @@ def test_a_campaign_lands_in_mlflow_its_concurrent_runs_lose_no_metric_and_a_rer
     assert any("3 done, 0 stopped, 0 to run" in x for x in again), again
 
 
-def assert_ran_together(lines: list[str], client: MlflowClient, runs) -> None:
-    """The campaign's runs really ran at the same time: all were started before the first one
-    ended, and the store took their writes interleaved (which pairs overlap depends on the load)."""
-    first_end = next(i for i, x in enumerate(lines) if "] done " in x or "] FAILED " in x)
-    assert sum("] start " in x for x in lines[:first_end]) == len(runs), lines
-    spans = []
-    for r in runs:
-        stamps = [m.timestamp for key in r.data.metrics for m in client.get_metric_history(r.info.run_id, key)]
-        spans.append((min(stamps), max(stamps)))
-    assert any(a[0] <= b[1] and b[0] <= a[1] for a, b in itertools.combinations(spans, 2)), spans
-
-
 @pytest.mark.slow
 @pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
 def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatch):
@@ -214,7 +170,7 @@ def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatc
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_healthy(base)
+        wait_healthy(base)
         # the owner (runners ui), its mlflow ui and that one uvicorn worker: no job runner (8 more processes)
         assert len(psutil.Process(ui.pid).children(recursive=True)) == 2
         with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=concurrent") as r:
@@ -333,7 +289,7 @@ def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int, int]:
     while not record.is_file() and time.time() < deadline:
         time.sleep(0.5)
     info = json.loads(record.read_text())
-    _wait_healthy(f"http://127.0.0.1:{info['port']}")
+    wait_healthy(f"http://127.0.0.1:{info['port']}")
     main = psutil.Process(info["pid"])
     (worker,) = main.children()
     main.kill()  # SIGKILL: no finally block runs, no signal reaches the worker
@@ -379,7 +335,7 @@ def test_make_ui_stops_a_stale_server_before_it_opens_the_store(tmp_path, store_
             start_new_session=True,
         )
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}")
+        wait_healthy(f"http://127.0.0.1:{port}")
         said = log.read_text()
         assert "stopping a stale MLflow server" in said and str(worker) in said
         assert _gone(stale_pid) and _gone(worker)
@@ -427,18 +383,6 @@ def test_a_starting_server_says_what_it_is_waiting_for(tmp_path):
         assert lines[0] == f"starting an MLflow tracking server on {url} (store {store}) ..."
         assert all(line.startswith("  still starting (") for line in lines[1:-1])
         assert lines[-1].startswith(f"MLflow tracking server {url} (store {store}) ready in ")
-
-
-def _wait_healthy(base: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2):
-                return
-        except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 # --- resume never splices two runs (#13 item 1) ---------------------------------------------

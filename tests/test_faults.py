@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.test_campaign import TINY as CAMPAIGN_TINY
+from tests.campaigns import TINY as CAMPAIGN_TINY
 
 TINY = {**CAMPAIGN_TINY, "train.steps": 4, "train.save_every": 2, "eval.every": 2}  # the tiny run, 4 steps
 SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]

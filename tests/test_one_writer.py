@@ -17,8 +17,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
+from tests.campaigns import TINY, history_steps, write_campaign
 from tests.conftest import empty_store
-from tests.test_campaign import TINY, history_steps, write_campaign
 
 SETS = [f"--set={k}={json.dumps(v)}" for k, v in {**TINY, "train.steps": 2, "train.save_every": 2}.items()]
 SETS += ["--set=eval.every=2"]

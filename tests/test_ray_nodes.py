@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
-from tests.test_campaign import history_steps, write_campaign
+from tests.campaigns import history_steps, write_campaign
 
 RAY = str(Path(sys.executable).parent / "ray")
 

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -17,6 +16,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.ops.tracking import free_port
+from tests.campaigns import wait_healthy
 from tests.conftest import empty_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,18 +25,6 @@ REPO = Path(__file__).resolve().parent.parent
 def listening(port: int) -> list[int | None]:
     """The pids that listen on ``port`` (None for one this user cannot see)."""
     return [c.pid for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port]
-
-
-def wait_healthy(base: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2):
-                return
-        except OSError:
-            assert proc.poll() is None, f"exited with {proc.returncode} before answering"
-            assert time.time() < deadline, f"{base} did not answer"
-            time.sleep(0.5)
 
 
 def start_ui(store: str, port: int, log: Path) -> subprocess.Popen:

@@ -13,8 +13,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import matplotlib.image
@@ -25,6 +23,7 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops import store as prl_store
 from runners.ops.tracking import free_port
+from tests.campaigns import wait_healthy
 
 
 @pytest.fixture
@@ -53,18 +52,6 @@ def fresh_browser(url: str, wait_for: list[str], shot: Path, tries: int = 3) -> 
             break
     Path(tempfile.gettempdir(), "prl-last-rendered.html").write_text(dom)  # for a failure's post-mortem
     return dom
-
-
-def _wait_healthy(base: str, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError(f"no MLflow UI at {base}")
 
 
 @pytest.mark.slow
@@ -113,7 +100,7 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
             campaign = ui.stdout.readline()
         assert campaign.startswith("  campaign concurrent, mean@16 against compute for every run: "), campaign
         url = campaign.split(": ", 1)[1].strip()
-        _wait_healthy(f"http://127.0.0.1:{port}")
+        wait_healthy(f"http://127.0.0.1:{port}")
 
         shot = tmp_path / "first-visit.png"
         legend = [f"{run}/seed0 (val/mean_at_16)" for run in ("baseline", "loss=dapo")]

@@ -32,28 +32,33 @@ def load_rows(data: DataSection, tokenizer, *, eval_prompts: int, seed: int) -> 
     """(train, validation) rows with "prompt", "answer" and a stable "prompt_id": the first
     ``eval_prompts`` validation rows (the recipe's ``eval.prompts``). A dataset without ``val_path``
     holds out ``eval_prompts`` of its rows, drawn with ``seed`` (the recipe's ``train.seed``)."""
-    d = data
-    if d.path is None:
-        train, val = d.task.splits()
+    if data.path is None:
+        train, val = data.task.splits()
     else:
-        rows = load_jsonl(d.path, problem_field=d.problem_field, answer_field=d.answer_field)
-        if d.val_path is not None:
-            train, val = rows, load_jsonl(d.val_path, problem_field=d.problem_field, answer_field=d.answer_field)
-        else:
-            if len(rows) < 2 * eval_prompts:
-                raise ValueError(
-                    f"dataset {Path(d.path)}: {len(rows)} rows cannot hold out eval.prompts = {eval_prompts} "
-                    "and still train; set data.val_path or lower eval.prompts"
-                )
-            order = list(range(len(rows)))
-            random.Random(f"holdout-{seed}").shuffle(order)
-            held = set(order[:eval_prompts])
-            val = [rows[i] for i in sorted(held)]
-            val_problems = {r["problem"] for r in val}
-            train = [r for i, r in enumerate(rows) if i not in held and r["problem"] not in val_problems]
+        train, val = _read_splits(data, eval_prompts, seed)
         train = [{**r, "prompt": _prompt(r["problem"], tokenizer)} for r in train]
         val = [{**r, "prompt": _prompt(r["problem"], tokenizer)} for r in val]
-    if d.train_prompts is not None:  # a small pool is revisited within the budget (No-Positive-Resampling acts)
-        train = train[: d.train_prompts]
+    if data.train_prompts is not None:  # a small pool is revisited within the budget (No-Positive-Resampling acts)
+        train = train[: data.train_prompts]
     train = [{"prompt": r["prompt"], "answer": r["answer"], "prompt_id": i} for i, r in enumerate(train)]
     return train, val[:eval_prompts]
+
+
+def _read_splits(data: DataSection, eval_prompts: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """A dataset file's (train, validation) rows: ``val_path``'s rows, or ``eval_prompts`` rows held
+    out of ``path`` (drawn with ``seed``), none of whose problems stays in training."""
+    fields = {"problem_field": data.problem_field, "answer_field": data.answer_field}
+    rows = load_jsonl(data.path, **fields)
+    if data.val_path is not None:
+        return rows, load_jsonl(data.val_path, **fields)
+    if len(rows) < 2 * eval_prompts:
+        raise ValueError(
+            f"dataset {Path(data.path)}: {len(rows)} rows cannot hold out eval.prompts = {eval_prompts} "
+            "and still train; set data.val_path or lower eval.prompts"
+        )
+    order = list(range(len(rows)))
+    random.Random(f"holdout-{seed}").shuffle(order)
+    held = set(order[:eval_prompts])
+    val = [rows[i] for i in sorted(held)]
+    val_problems = {r["problem"] for r in val}
+    return [r for i, r in enumerate(rows) if i not in held and r["problem"] not in val_problems], val
