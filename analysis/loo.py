@@ -243,7 +243,8 @@ def fit_table(
 ) -> tuple[pd.DataFrame, dict]:
     """Fit the campaign (jointly unless ``fit.pooling: none``), forecast each variant, and compare it
     with the baseline by the paper's rule; call each variant against the baseline at the budget from
-    the fit to all of it and from the fit to its first half (``half``, fitted here when not given).
+    the fit to all of it and from the fit to its first half (``half``, fitted here when not given,
+    with ``HALF_RESAMPLES`` resamples or ``n_boot`` where that is fewer).
 
     Intervals come from the seed bootstrap (seeds the unit of run-to-run variation); a variant that
     is not yet predictable, whose fit sits on a grid edge or that is not a sigmoid gets "cannot
@@ -314,8 +315,8 @@ def fit_table(
             b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
-    if half is None:
-        half = campaign_model(curves, fit, HALF_RESAMPLES, fraction=0.5)
+    if half is None:  # never more resamples than the fit to all of it
+        half = campaign_model(curves, fit, min(n_boot, HALF_RESAMPLES), fraction=0.5)
     table = table.merge(_calls(model, half, cfg.margin), on="variant", how="left")
     measured = measured_at_budget(curves, x, cfg.margin, last_k=cfg.last_k)
     if len(measured):
