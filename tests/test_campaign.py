@@ -1,5 +1,5 @@
 """Campaigns end to end on CPU with the tiny model: MLflow structure, resume after SIGKILL,
-concurrent writers, the fit table and the MLflow UI's REST API."""
+concurrent writers, the fit table (the MLflow UI: tests/test_ui.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -149,51 +147,6 @@ def test_a_campaign_lands_in_mlflow_its_concurrent_runs_lose_no_metric_and_a_rer
     again: list[str] = []
     assert run_campaign(concurrent_campaign["path"], log=again.append)["ran"] == 0
     assert any("3 done, 0 stopped, 0 to run" in x for x in again), again
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
-def test_mlflow_ui_serves_the_campaign(concurrent_campaign, tmp_path, monkeypatch):
-    """`make ui`'s server on a store a real campaign wrote: the experiment opens as training runs,
-    and each run's mean@16 history is there to chart (what a browser shows: tests/test_ui.py)."""
-    store = concurrent_campaign["store"]
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
-    monkeypatch.chdir(tmp_path)
-    assert not concurrent_campaign["failures"]
-    exp_id = MlflowClient(store).get_experiment_by_name("concurrent").experiment_id
-    port = free_port()
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "runners", "ui", "--tracking-uri", store, "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(base)
-        # the owner (runners ui), its mlflow ui and that one uvicorn worker: no job runner (8 more processes)
-        assert len(psutil.Process(ui.pid).children(recursive=True)) == 2
-        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=concurrent") as r:
-            exp = json.load(r)["experiment"]
-        assert exp["experiment_id"] == exp_id
-        assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in exp["tags"]
-        req = urllib.request.Request(
-            f"{base}/api/2.0/mlflow/runs/search",
-            method="POST",
-            data=json.dumps({"experiment_ids": [exp_id], "filter": "tags.`prl.run_id` != ''"}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req) as r:
-            runs = json.load(r)["runs"]
-        names = sorted(r["info"]["run_name"] for r in runs)
-        assert names == ["baseline/seed0", "loss=dapo/seed0", "sampling=uniform/seed0"]
-        for run in runs:
-            query = f"run_id={run['info']['run_id']}&metric_key=val/mean_at_16"
-            with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
-                assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2, 4]
-    finally:
-        os.killpg(ui.pid, signal.SIGTERM)
-        ui.wait(timeout=30)
 
 
 def test_a_ray_campaign_without_ray_installed_names_the_set_up_before_anything_runs(store, tmp_path, monkeypatch):

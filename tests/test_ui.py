@@ -1,7 +1,7 @@
 """MLflow's UI as a user first sees it: a fresh headless Chromium (Debian's) opening the address
-``make ui`` prints, over a store a real tiny campaign wrote and ``analysis fit`` fitted; what that
-fit leaves (each run's report, the runs list's links) and a fit that counts out an earlier
-version's run."""
+``make ui`` prints, over a store a real tiny campaign wrote and ``analysis fit`` fitted, and the
+REST API its pages read; what that fit leaves (each run's report, the runs list's links) and a fit
+that counts out an earlier version's run."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 
 import matplotlib.image
 import pandas as pd
+import psutil
 import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -56,7 +58,7 @@ def fresh_browser(url: str, wait_for: list[str], shot: Path, tries: int = 3) -> 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
-def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store, concurrent_campaign, tmp_path):
+def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store, concurrent_campaign, tmp_path, cli):
     """A first visit to the printed address lands on the campaign's runs (each one listed, not a
     collapsed parent), in the training workflow (not GenAI), with mean@16 of every run drawn against
     the campaign's compute axis; the fitted LOO table and plot are one click away."""
@@ -101,6 +103,9 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
         assert campaign.startswith("  campaign concurrent, mean@16 against compute for every run: "), campaign
         url = campaign.split(": ", 1)[1].strip()
         wait_healthy(f"http://127.0.0.1:{port}")
+        # the owner (runners ui), its mlflow ui and that one uvicorn worker: no job runner (8 more processes)
+        assert len(psutil.Process(ui.pid).children(recursive=True)) == 2
+        serves_the_campaign(f"http://127.0.0.1:{port}", exp_id)
 
         shot = tmp_path / "first-visit.png"
         legend = [f"{run}/seed0 (val/mean_at_16)" for run in ("baseline", "loss=dapo")]
@@ -132,8 +137,7 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
         client.log_batch(
             old.info.run_id, metrics=[Metric("val/mean_at_16", 0.9, 0, 0), Metric("compute/samples", 0, 0, 0)]
         )
-        cmd = [sys.executable, "-m", "analysis", "fit", str(path), "--out", str(tmp_path / "cli-fit")]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = cli("analysis", "fit", str(path), "--out", str(tmp_path / "cli-fit"))
         assert res.returncode == 0, res.stderr
         assert "1 run(s) of another version of campaign concurrent" in res.stdout
         table = pd.read_csv(tmp_path / "cli-fit" / "loo_table.csv").set_index("variant")
@@ -142,6 +146,29 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
         assert len(links) == 3 and all((tmp_path / "cli-fit" / link).is_file() for link in links)
     finally:
         client.delete_run(old.info.run_id)
+
+
+def serves_the_campaign(base: str, exp_id: str) -> None:
+    """What the UI's pages read from its REST API: the experiment opens as training runs, and each
+    run's mean@16 history is there to chart."""
+    with urllib.request.urlopen(f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=concurrent") as r:
+        exp = json.load(r)["experiment"]
+    assert exp["experiment_id"] == exp_id
+    assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in exp["tags"]
+    req = urllib.request.Request(
+        f"{base}/api/2.0/mlflow/runs/search",
+        method="POST",
+        data=json.dumps({"experiment_ids": [exp_id], "filter": "tags.`prl.run_id` != ''"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req) as r:
+        runs = json.load(r)["runs"]
+    names = sorted(r["info"]["run_name"] for r in runs)
+    assert names == ["baseline/seed0", "loss=dapo/seed0", "sampling=uniform/seed0"]
+    for run in runs:
+        query = f"run_id={run['info']['run_id']}&metric_key=val/mean_at_16"
+        with urllib.request.urlopen(f"{base}/api/2.0/mlflow/metrics/get-history?{query}") as r:
+            assert sorted(m["step"] for m in json.load(r)["metrics"]) == [0, 2, 4]
 
 
 def report_links(runs_md: str) -> list[str]:
