@@ -5,8 +5,6 @@ LOO table is `analysis fit`'s, number for number, and it writes nothing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -61,14 +59,13 @@ def published(tmp_path, store_template):
 
 
 @pytest.mark.slow
-def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, tmp_path, monkeypatch):
+def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, tmp_path, monkeypatch, cli):
     import nbformat
     from nbclient import NotebookClient
 
     project, uri, campaign = published
     out = tmp_path / "make-fit"
-    cmd = [sys.executable, "-m", "analysis", "fit", str(campaign), "--tracking-uri", uri, "--out", str(out)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = cli("analysis", "fit", str(campaign), "--tracking-uri", uri, "--out", str(out))  # make fit, in this process
     assert res.returncode == 0, res.stderr
 
     source = PROJECT_ROOT / "analysis"
