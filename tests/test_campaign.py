@@ -92,6 +92,12 @@ def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_pat
         assert "building base model" not in log.read_text()  # neither run built its own
 
 
+def _cmdline(p: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(p.cmdline())
+    return ""  # gone, or a zombie
+
+
 def _kill_tree(pid: int) -> None:
     parent = psutil.Process(pid)
     for p in [*parent.children(recursive=True), parent]:
@@ -449,8 +455,9 @@ def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest
 
 @pytest.mark.slow
 def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, tmp_path):
-    """Fault injection: a real campaign killed (SIGKILL, whole tree: campaign, tracking server and
-    trainer) at random instants, around checkpoint saves included, then re-run until done. The
+    """Fault injection: a real campaign killed (SIGKILL) at random instants, around checkpoint saves
+    included, then re-run until done: twice the whole tree (campaign, tracking server and trainer),
+    once the campaign process alone, whose trainer must go with it (no orphan writes on). The
     finished run must look like an uninterrupted one: one MLflow run, every step once, steps and
     compute monotone, the full step count, and the same completions and tokens at every step as
     the same run never interrupted (its compute counters and its sampler's state were restored)."""
@@ -466,7 +473,7 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
     def saved_since(t: float) -> bool:  # this process finished a checkpoint (prl_state.json is written last)
         return any(p.stat().st_mtime > t for p in folders.glob("*/checkpoints/checkpoint-*/prl_state.json"))
 
-    for _ in range(3):  # each kill after a save of its own launch: three resumes of 12 steps
+    for kill in range(3):  # each kill after a save of its own launch: three resumes of 12 steps
         launched = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
         # wait until *this* process has trained far enough to save (past imports, server start and
@@ -477,7 +484,17 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
             time.sleep(0.05)
         time.sleep(rng.uniform(0.0, 0.5))
         if proc.poll() is None:
-            _kill_tree(proc.pid)
+            if kill == 1:  # the campaign process alone: its trainer dies with it (the kernel's doing)
+                tree = psutil.Process(proc.pid).children(recursive=True)
+                trainers = [p for p in tree if "runners train" in _cmdline(p)]
+                proc.kill()
+                orphans = psutil.wait_procs(trainers, timeout=30)[1]
+                for p in tree:  # then the rest of its tree (its tracking server), as the other kills leave it
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        p.kill()
+                assert trainers and not orphans, f"orphan trainer(s) still running: {[p.pid for p in orphans]}"
+            else:
+                _kill_tree(proc.pid)
             saved = [int(p.parent.name.split("-")[1]) for p in folders.glob("*/checkpoints/*/prl_state.json")]
             resumable_kills += max(saved, default=0) < 12  # killed after its last save, it is done, not resumed
         proc.wait()

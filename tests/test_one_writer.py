@@ -1,6 +1,7 @@
-"""One writer per run (#27 items 1-2): a single run's folder belongs to one run identity, a folder
-or a campaign has one writer at a time, and a campaign killed with SIGKILL takes its trainers with
-it. Real processes, the tiny model, a real SQLite MLflow store."""
+"""One writer per run (#27 items 1-2): a single run's folder belongs to one run identity, and a
+folder or a campaign has one writer at a time (that a campaign killed with SIGKILL takes its
+trainers with it: tests/test_campaign.py's random kills). Real processes, the tiny model, a real
+SQLite MLflow store."""
 
 from __future__ import annotations
 
@@ -12,11 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops.campaign_runs import run_campaign
 from tests.campaigns import TINY, history_steps, write_campaign
 from tests.conftest import empty_store
 
@@ -169,41 +168,3 @@ def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_
     assert run.data.tags["prl.done"] == "1" and history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2]
     (folder,) = (tmp_path / "artifacts" / "campaigns" / "twice").glob("baseline-*")
     assert steps_of(folder) == [0, 2]
-
-
-@pytest.mark.slow
-def test_a_campaign_killed_alone_takes_its_trainer_and_the_rerun_resumes(store, tmp_path):
-    path = write_campaign(tmp_path / "orphan.yaml", "orphan", 4, {})
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runners", "campaign", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    camp_dir = tmp_path / "artifacts" / "campaigns" / "orphan"
-    trainers: list[psutil.Process] = []
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline and not list(camp_dir.glob("*/checkpoints/checkpoint-2/prl_state.json")):
-            assert proc.poll() is None, "the campaign ended before it could be killed"
-            time.sleep(0.2)
-        trainers = [
-            p for p in psutil.Process(proc.pid).children(recursive=True) if "train" in " ".join(p.cmdline())
-        ]
-        assert trainers
-        proc.send_signal(signal.SIGKILL)  # the campaign process alone, not its tree
-        proc.wait()
-        gone, alive = psutil.wait_procs(trainers, timeout=30)
-        assert not alive, f"orphan trainer(s) still running: {[p.pid for p in alive]}"
-    finally:
-        for p in trainers:
-            if p.is_running():
-                p.kill()
-    lines: list[str] = []
-    summary = run_campaign(path, log=lines.append)
-    assert summary["ran"] == 1 and not summary["failures"], lines
-    client = MlflowClient(store)
-    (run,) = client.search_runs([client.get_experiment_by_name("orphan").experiment_id], "tags.`prl.run_id` != ''")
-    assert run.data.tags["prl.done"] == "1"
-    assert history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2, 4]
-    assert history_steps(client, run.info.run_id, "train/loss") == [1, 2, 3, 4]
-    (folder,) = camp_dir.glob("baseline-*")
-    assert steps_of(folder) == [0, 2, 4] and "resuming from" in (folder / "run.log").read_text()
-
