@@ -181,8 +181,8 @@ class Model:
     failed: dict[str, str]  # variant -> why it has no fit
     description: str
     budgets: dict[str, float]  # each variant's last compute
-    fit_upto: dict[str, float] = field(default_factory=dict)  # fitted on compute up to this (fraction < 1)
-    no_share: set[str] = field(default_factory=set)  # no share of its compute holds a fit and a point after it
+    fit_upto: dict[str, float] = field(default_factory=dict)  # fitted on compute up to this (fraction < 1);
+    # a variant missing here (fraction < 1) has no share of its compute that holds a fit and a point after it
 
 
 def campaign_model(
@@ -195,16 +195,15 @@ def campaign_model(
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     budgets = {v: float(g[x].max()) for v, g in groups.items()}
     failed = {v: f"no fit: {why}" for v, g in groups.items() if (why := _spliced(g, x))}
-    upto, no_share = None, set()
+    upto: dict[str, float] | None = None
     if fraction < 1:  # the first `fraction`, or the smallest share that holds a fit (fit_share)
         shares = {v: fit_share(g, x, fraction, cfg.exclude_below) for v, g in groups.items()}
-        no_share = {v for v, share in shares.items() if share is None}
-        for v in no_share - set(failed):
+        upto = {v: share * budgets[v] for v, share in shares.items() if share is not None}
+        for v in set(groups) - set(upto) - set(failed):
             failed[v] = (
                 f"no check: {int((groups[v][x] > 0).sum())} evaluation(s) with {x} > 0; a fit needs "
                 f"{MIN_FIT_POINTS}, and a later one to predict"
             )
-        upto = {v: (shares[v] or fraction) * budgets[v] for v in groups}
     target = budgets if fraction < 1 else None
     if cfg.pooling == "none":
         fits, fcs = {}, {}
@@ -218,7 +217,7 @@ def campaign_model(
             except FitError as e:
                 failed[v] = f"no fit: {e}"
         how = "pooling none: each variant fitted on its own" + _model_note(cfg.model)
-        return Model(fits, fcs, failed, how, budgets, upto or {}, no_share)
+        return Model(fits, fcs, failed, how, budgets, upto or {})
     data = {v: (g[x].to_numpy(), g[y].to_numpy(), g["seed"].to_numpy()) for v, g in groups.items() if v not in failed}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -235,7 +234,7 @@ def campaign_model(
     )
     order = [v for v in groups if v in cfit.fits]
     fits = {v: cfit.fits[v] for v in order}
-    return Model(fits, {v: fcs[v] for v in order}, failed, cfit.describe(), budgets, upto or {}, no_share)
+    return Model(fits, {v: fcs[v] for v in order}, failed, cfit.describe(), budgets, upto or {})
 
 
 def fit_table(
@@ -633,8 +632,10 @@ def extrapolation_check(
         x_end, observed = float(last[x].mean()), float(last[y].mean())
         x_tail = tail[x].to_numpy(float)  # every seed's last k: their mean is the mean of the seeds' means
         window = int(tail.groupby("seed").size().min())  # fewer than k where a seed has fewer evaluations
-        upto = model.fit_upto.get(variant, frac * float(g[x].max()))
-        share = upto / float(g[x].max()) if variant not in model.no_share else None
+        budget = float(g[x].max())
+        upto = model.fit_upto.get(variant)  # none: no share of its compute holds a fit and a point after it
+        share = None if upto is None else upto / budget
+        upto = frac * budget if upto is None else upto
         row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": x_end, "observed": observed}
         row[f"observed_last{k}"] = float(tail[y].mean())  # less sensitive to one noisy evaluation
         row["last_k"] = k
