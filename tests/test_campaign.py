@@ -169,9 +169,10 @@ def test_a_ray_campaign_without_ray_installed_names_the_set_up_before_anything_r
 
 
 @contextlib.contextmanager
-def killer(camp_dir: Path, sig: int):
+def killer(camp_dir: Path, sig: int, at_checkpoint: bool = True):
     """Kill the baseline seed-0 run's train process with ``sig`` once, when its first checkpoint is
-    complete (as a preempted job, a segfault or the OOM killer would); yields the pids it killed."""
+    complete (as a preempted job, a segfault or the OOM killer would), or as soon as it runs
+    (``at_checkpoint=False``: a run that dies before it saves anything); yields the pids it killed."""
     import threading
 
     killed: list[int] = []
@@ -179,7 +180,7 @@ def killer(camp_dir: Path, sig: int):
 
     def watch() -> None:
         while not done.is_set() and not killed:
-            if list(camp_dir.glob("baseline-*/checkpoints/checkpoint-2/prl_state.json")):
+            if not at_checkpoint or list(camp_dir.glob("baseline-*/checkpoints/checkpoint-2/prl_state.json")):
                 for p in psutil.process_iter(["cmdline"]):
                     cmd = " ".join(p.info["cmdline"] or [])
                     if "runners train" in cmd and f"{camp_dir}/baseline-seed0" in cmd:  # this test's run only
@@ -219,8 +220,9 @@ def test_local_scheduler_retries_a_run_that_dies_of_a_signal(store, tmp_path):
 @pytest.mark.slow
 def test_a_run_that_keeps_dying_fails_with_the_signal_named(store, tmp_path):
     path = write_campaign(tmp_path / "segv.yaml", "tiny-segv0", 4, {}, max_retries=0)
-    with killer(tmp_path / "artifacts" / "campaigns" / "tiny-segv0", signal.SIGSEGV):
+    with killer(tmp_path / "artifacts" / "campaigns" / "tiny-segv0", signal.SIGSEGV, at_checkpoint=False) as killed:
         summary = run_campaign(path, log=lambda m: None)
+    assert killed, "the watcher never found the run to kill"
     ((spec, why),) = summary["failures"]
     assert spec.variant == "baseline" and why.endswith("(died of SIGSEGV (signal 11) after 0 retries)")
 
