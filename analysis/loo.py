@@ -633,7 +633,7 @@ def extrapolation_check(
         x_tail = tail[x].to_numpy(float)  # every seed's last k: their mean is the mean of the seeds' means
         window = int(tail.groupby("seed").size().min())  # fewer than k where a seed has fewer evaluations
         budget = float(g[x].max())
-        upto = model.fit_upto.get(variant)  # none: no share of its compute holds a fit and a point after it
+        upto = model.fit_upto.get(variant)  # none: no share holds a fit and a point after it (or fitted on all)
         share = None if upto is None else upto / budget
         upto = frac * budget if upto is None else upto
         row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": x_end, "observed": observed}

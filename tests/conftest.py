@@ -277,8 +277,9 @@ def run_in_process(tool: str, *args: str) -> subprocess.CompletedProcess:
     """``python -m runners ARGS`` (or analysis, scalefit) run in this process as its ``__main__`` runs
     it, as a CompletedProcess (returncode, stdout, stderr). An exception escaping the command, which
     would print a traceback, fails the test. Error messages are checked so, without 2-5 s of imports
-    each; every command line still runs in a process of its own somewhere in the suite for the exit
-    code and stderr of the real thing (``test_a_bad_campaign_file_is_one_line_from_the_shell``, ...)."""
+    each; every command (``runners campaign``, ``analysis fit``, ...) still runs in a process of its
+    own somewhere in the suite for the exit code and stderr of the real thing
+    (``test_a_bad_campaign_file_is_one_line_from_the_shell``, the browser test's ``analysis fit``, ...)."""
     from scalefit.cli import run_cli
 
     main = importlib.import_module(f"{tool}.cli").main

@@ -1,5 +1,6 @@
 """Campaigns end to end on CPU with the tiny model: MLflow structure, resume after SIGKILL,
-concurrent writers, the fit table (the MLflow UI: tests/test_ui.py)."""
+concurrent writers, the fit table, `make ui`'s server (what a browser sees of it, and the REST API
+its pages read: tests/test_ui.py)."""
 
 from __future__ import annotations
 
@@ -469,7 +470,7 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
     path = write_campaign(tmp_path / "faults.yaml", "faults", 12, {})
     cmd = [sys.executable, "-m", "runners", "campaign", str(path)]
     client = MlflowClient(own_store)
-    resumable_kills = 0
+    resumable_kills, alone = 0, False
     folders = tmp_path / "artifacts" / "campaigns" / "faults"
 
     def saved_since(t: float) -> bool:  # this process finished a checkpoint (prl_state.json is written last)
@@ -495,6 +496,7 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
                     with contextlib.suppress(psutil.NoSuchProcess):
                         p.kill()
                 assert trainers and not orphans, f"orphan trainer(s) still running: {[p.pid for p in orphans]}"
+                alone = True
             else:
                 _kill_tree(proc.pid)
             saved = [int(p.parent.name.split("-")[1]) for p in folders.glob("*/checkpoints/*/prl_state.json")]
@@ -502,8 +504,10 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
         proc.wait()
     summary = run_campaign(path, log=lambda m: None)
     assert not summary["failures"] and resumable_kills >= 2, resumable_kills
+    assert alone, "the second launch ended before its campaign process could be killed alone"
     (log,) = folders.glob("*/run.log")
     assert log.read_text().count("resuming from") >= resumable_kills, "a killed run did not resume"
+    assert [r["step"] for r in _metric_rows(log.parent)] == list(range(0, 13, 2))  # the folder's own record: once each
     exp_id = client.get_experiment_by_name("faults").experiment_id
     (run,) = client.search_runs([exp_id], "tags.`prl.run_id` != ''")
     rid = run.info.run_id
