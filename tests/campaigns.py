@@ -7,8 +7,9 @@ import itertools
 import json
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
+
+from runners.ops.tracking import answers
 
 TINY = {  # the tiny model's cheapest run: a few seconds a step on one CPU core
     "model.size": "tiny",
@@ -62,13 +63,7 @@ def wait_healthy(base: str, proc: subprocess.Popen | None = None, timeout: float
     """Until the MLflow server at ``base`` answers ``/health`` with 200; fails if ``proc`` (the
     command that serves it) exits first, or after ``timeout`` seconds."""
     deadline = time.time() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
+    while not answers(base):
         assert proc is None or proc.poll() is None, f"exited with {proc.returncode} before answering"
         assert time.time() < deadline, f"no MLflow server answered at {base}"
         time.sleep(0.5)

@@ -102,6 +102,15 @@ def exit_reason(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def answers(url: str) -> bool:
+    """Whether the MLflow server at ``url`` answers ``/health`` with 200 now."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 @contextlib.contextmanager
 def serve(
     cmd: list[str],
@@ -147,12 +156,8 @@ def serve(
                     + (f"; port {port} is held by {holder}" if holder else "")
                     + (f"; see {getattr(out, 'name', 'its output above')}")
                 )
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
+            if answers(url):
+                break
             if time.time() > deadline:
                 raise servers.ServerError(f"{what} did not answer on {url} within 120 s")
             if time.time() - said >= 10:  # a first start creates the store's tables; a loaded machine is slow
