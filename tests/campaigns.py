@@ -3,11 +3,15 @@ campaign's runs ran together, and an MLflow server's health."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import subprocess
 import time
+from collections.abc import Iterable
 from pathlib import Path
+
+import psutil
 
 from runners.ops.tracking import answers
 
@@ -57,6 +61,18 @@ def assert_ran_together(lines: list[str], client, runs) -> None:
         stamps = [m.timestamp for key in r.data.metrics for m in client.get_metric_history(r.info.run_id, key)]
         spans.append((min(stamps), max(stamps)))
     assert any(a[0] <= b[1] and b[0] <= a[1] for a, b in itertools.combinations(spans, 2)), spans
+
+
+def trainers(run: str = "", among: Iterable[psutil.Process] | None = None) -> list[psutil.Process]:
+    """The ``runners train`` processes (of this machine, or ``among`` these) whose command line
+    names ``run`` (a run folder, or the start of one); processes gone meanwhile are left out."""
+    found = []
+    for p in psutil.process_iter() if among is None else among:
+        with contextlib.suppress(psutil.Error):
+            cmd = " ".join(p.cmdline())
+            if "runners train" in cmd and run in cmd:
+                found.append(p)
+    return found
 
 
 def wait_healthy(base: str, proc: subprocess.Popen | None = None, timeout: float = 120) -> None:

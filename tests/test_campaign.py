@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from runners.ops.campaign import CampaignError, expand, load_campaign
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
-from tests.campaigns import TINY, assert_ran_together, history_steps, wait_healthy, write_campaign
+from tests.campaigns import TINY, assert_ran_together, history_steps, trainers, wait_healthy, write_campaign
 from tests.conftest import empty_store
 
 
@@ -91,12 +91,6 @@ def test_packed_runs_share_one_base_model_built_before_they_start(store, tmp_pat
         assert len(steps) == 2 and "mean@16" in steps[-1], lines
     for log in (tmp_path / "artifacts/campaigns/build-once").glob("*/run.log"):
         assert "building base model" not in log.read_text()  # neither run built its own
-
-
-def _cmdline(p: psutil.Process) -> str:
-    with contextlib.suppress(psutil.Error):
-        return " ".join(p.cmdline())
-    return ""  # gone, or a zombie
 
 
 def _kill_tree(pid: int) -> None:
@@ -182,11 +176,9 @@ def killer(camp_dir: Path, sig: int, at_checkpoint: bool = True):
     def watch() -> None:
         while not done.is_set() and not killed:
             if not at_checkpoint or list(camp_dir.glob("baseline-*/checkpoints/checkpoint-2/prl_state.json")):
-                for p in psutil.process_iter(["cmdline"]):
-                    cmd = " ".join(p.info["cmdline"] or [])
-                    if "runners train" in cmd and f"{camp_dir}/baseline-seed0" in cmd:  # this test's run only
-                        p.send_signal(sig)
-                        killed.append(p.pid)
+                for p in trainers(f"{camp_dir}/baseline-seed0"):  # this test's run only
+                    p.send_signal(sig)
+                    killed.append(p.pid)
             time.sleep(0.2)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -489,13 +481,13 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
         if proc.poll() is None:
             if kill == 1:  # the campaign process alone: its trainer dies with it (the kernel's doing)
                 tree = psutil.Process(proc.pid).children(recursive=True)
-                trainers = [p for p in tree if "runners train" in _cmdline(p)]
+                ours = trainers(among=tree)
                 proc.kill()
-                orphans = psutil.wait_procs(trainers, timeout=30)[1]
+                orphans = psutil.wait_procs(ours, timeout=30)[1]
                 for p in tree:  # then the rest of its tree (its tracking server), as the other kills leave it
                     with contextlib.suppress(psutil.NoSuchProcess):
                         p.kill()
-                assert trainers and not orphans, f"orphan trainer(s) still running: {[p.pid for p in orphans]}"
+                assert ours and not orphans, f"orphan trainer(s) still running: {[p.pid for p in orphans]}"
                 alone = True
             else:
                 _kill_tree(proc.pid)

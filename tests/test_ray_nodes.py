@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from runners.ops.campaign_runs import run_campaign
 from runners.ops.tracking import free_port
-from tests.campaigns import history_steps, write_campaign
+from tests.campaigns import history_steps, trainers, write_campaign
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -139,12 +139,10 @@ def test_a_ray_campaign_lands_on_two_nodes_survives_a_preempted_run_and_losing_a
                     if not (run_dir / "checkpoints" / "checkpoint-2" / "prl_state.json").is_file():
                         continue
                     if first == [head_id] and not preempted:  # its trainer killed alone, as a preempted job's
-                        for p in psutil.process_iter(["cmdline"]):
-                            cmd = " ".join(p.info["cmdline"] or [])
-                            if "runners train" in cmd and str(run_dir) in cmd:
-                                with contextlib.suppress(psutil.NoSuchProcess):
-                                    p.kill()
-                                    preempted.append(run_dir.name)
+                        for p in trainers(str(run_dir)):
+                            with contextlib.suppress(psutil.NoSuchProcess):
+                                p.kill()
+                                preempted.append(run_dir.name)
                     if first == [worker_id] and not killed:
                         runs = [p for p in psutil.process_iter(["cmdline"]) if run_dir.name in str(p.info["cmdline"])]
                         ray_procs = [p for p in psutil.Process(worker.pid).children(recursive=True) if p not in runs]
