@@ -14,19 +14,29 @@ def sigmoid(compute, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
     return R0 + (A - R0) * expit(-z)
 
 
-def sigmoid_residuals(theta: np.ndarray, log_c, y, r0) -> tuple[np.ndarray, np.ndarray]:
+def sigmoid_residuals(
+    theta: np.ndarray, log_c, y, r0, wrt: tuple[int, ...] = (0, 1, 2)
+) -> tuple[np.ndarray, np.ndarray]:
     """Residuals R(C) - y and their Jacobian in (A, B, log C_mid), one row per row of ``theta``.
 
     ``log_c``, ``y`` and ``r0`` broadcast against (rows, points): shared points as (1, n),
     resampled points as (rows, n), a fixed R0 as a scalar or one per row as (rows, 1).
-    This is the one least-squares problem every refit of the curve solves.
+    ``wrt`` picks the Jacobian's columns (0 A, 1 B, 2 log C_mid): ``(0, 2)`` where B is held
+    fixed. This is the one least-squares problem every refit of the curve solves.
     """
     a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
     u = lc - log_c
     s = expit(-b * u)
     gain = a - r0
     ds = -gain * s * (1.0 - s)
-    return r0 + gain * s - y, np.stack(np.broadcast_arrays(s, ds * u, ds * b), axis=-1)
+    r = r0 + gain * s - y
+    jac = np.empty((len(wrt), *r.shape))  # one contiguous block per parameter (see scalefit.lm)
+    for k, col in enumerate(wrt):
+        if col == 0:
+            jac[k] = s
+        else:
+            np.multiply(ds, u if col == 1 else b, out=jac[k])
+    return r, np.moveaxis(jac, 0, -1)
 
 
 def power_law(compute, A: float, D: float, B: float) -> np.ndarray:

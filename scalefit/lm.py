@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-# fun(theta_rows, row_indices) -> residuals (rows, n) and Jacobian (rows, n, p)
+# fun(theta_rows, row_indices) -> residuals (rows, n) and Jacobian (rows, n, p); a Jacobian that is
+# a (p, rows, n) array seen as (rows, n, p), as sigmoid_residuals returns, is used without a copy
 Residuals = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
@@ -33,28 +34,36 @@ def batched_lm(
     sse_out = np.empty(len(theta))
     rows = np.arange(len(theta))
     r, J = fun(theta, rows)
+    J = _by_parameter(J)
     sse = np.einsum("bn,bn->b", r, r)
     lam = np.full(len(rows), 1e-3)
     eye = np.eye(theta.shape[1])
     for _ in range(iters):
-        JtJ = np.einsum("bni,bnj->bij", J, J)
-        g = np.einsum("bni,bn->bi", J, r)
+        JtJ = np.einsum("ibn,jbn->bij", J, J)
+        g = np.einsum("ibn,bn->bi", J, r)
         # Marquardt's scaled damping plus a tiny absolute ridge, so H stays invertible when a
         # parameter has no effect on the residuals (e.g. B when A equals R0).
         H = JtJ + lam[:, None, None] * np.einsum("bii->bi", JtJ)[:, :, None] * eye + 1e-12 * eye
         cand = np.clip(theta[rows] - np.linalg.solve(H, g[..., None])[..., 0], lower, upper)
         r_new, J_new = fun(cand, rows)
+        J_new = _by_parameter(J_new)
         sse_new = np.einsum("bn,bn->b", r_new, r_new)
         better = np.isfinite(sse_new) & (sse_new < sse)
         gain = np.where(better, sse - sse_new, 0.0)
         theta[rows[better]] = cand[better]
-        r[better], J[better], sse[better] = r_new[better], J_new[better], sse_new[better]
+        r[better], J[:, better], sse[better] = r_new[better], J_new[:, better], sse_new[better]
         lam = np.clip(np.where(better, lam / 3.0, lam * 4.0), 1e-12, 1e16)
         done = (better & (gain <= rtol * sse)) | (~better & (lam > 1e10))
         sse_out[rows[done]] = sse[done]
         keep = ~done
-        rows, r, J, sse, lam = rows[keep], r[keep], J[keep], sse[keep], lam[keep]
+        rows, r, J, sse, lam = rows[keep], r[keep], J[:, keep], sse[keep], lam[keep]
         if len(rows) == 0:
             break
     sse_out[rows] = sse
     return theta, sse_out
+
+
+def _by_parameter(J: np.ndarray) -> np.ndarray:
+    """The Jacobian (rows, n, p) as a contiguous (p, rows, n) array: NumPy's sums over points
+    run an order of magnitude faster on it (a copy only where ``fun`` built it point-major)."""
+    return np.ascontiguousarray(np.moveaxis(J, -1, 0))

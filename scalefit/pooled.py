@@ -93,8 +93,7 @@ def profile_b(
 
         def residuals(th: np.ndarray, rows: np.ndarray, rows_b=rows_b) -> tuple[np.ndarray, np.ndarray]:
             full = np.column_stack([th[:, 0], rows_b[rows], th[:, 1]])
-            r, jac = sigmoid_residuals(full, log_c[None, :], y[None, :], r0)
-            return r, jac[..., [0, 2]]
+            return sigmoid_residuals(full, log_c[None, :], y[None, :], r0, wrt=(0, 2))
 
         theta[part], sse_out[part] = batched_lm(residuals, theta0[part], lower, upper, iters=100)
     return sse_out, theta[:, 0], theta[:, 1]

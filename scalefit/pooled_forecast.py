@@ -120,8 +120,7 @@ def _profile_resamples(
         def residuals(t: np.ndarray, rows: np.ndarray, idx=idx) -> tuple[np.ndarray, np.ndarray]:
             k = idx[rows]
             full = np.column_stack([t[:, 0], bvals[k % nb], t[:, 1]])
-            r, jac = sigmoid_residuals(full, log_c[None, :], Y[k // nb], r0[k // nb, None])
-            return r, jac[..., [0, 2]]
+            return sigmoid_residuals(full, log_c[None, :], Y[k // nb], r0[k // nb, None], wrt=(0, 2))
 
         th[part], sse[part] = batched_lm(residuals, th[part], lower, upper, iters=40)
     return sse.reshape(R, nb), th[:, 0].reshape(R, nb), th[:, 1].reshape(R, nb)
