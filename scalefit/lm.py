@@ -27,8 +27,9 @@ def batched_lm(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Minimise ``sum(r**2)`` independently for each row of ``theta`` (batch, p).
 
-    Parameters stay inside ``[lower, upper]``. Returns the optimised parameters and
-    each row's sum of squares.
+    Parameters stay inside ``[lower, upper]``; one on its bound that the descent pushes outward
+    is held there for the step (projected Newton), so an optimum on a bound is reached rather
+    than crawled towards. Returns the optimised parameters and each row's sum of squares.
     """
     theta = np.clip(np.array(theta, dtype=float), lower, upper)
     sse_out = np.empty(len(theta))
@@ -44,7 +45,15 @@ def batched_lm(
         # Marquardt's scaled damping plus a tiny absolute ridge, so H stays invertible when a
         # parameter has no effect on the residuals (e.g. B when A equals R0).
         H = JtJ + lam[:, None, None] * np.einsum("bii->bi", JtJ)[:, :, None] * eye + 1e-12 * eye
-        cand = np.clip(theta[rows] - np.linalg.solve(H, g[..., None])[..., 0], lower, upper)
+        # a parameter on its bound whose descent direction points outside stays there this step
+        # (projected Newton): the others take the step that holds it fixed, not a clipped one
+        th = theta[rows]
+        pinned = ((th <= lower) & (g > 0)) | ((th >= upper) & (g < 0))
+        if pinned.any():
+            free = ~pinned
+            H = H * (free[:, :, None] & free[:, None, :]) + pinned[:, :, None] * eye
+            g = np.where(pinned, 0.0, g)
+        cand = np.clip(th - np.linalg.solve(H, g[..., None])[..., 0], lower, upper)
         r_new, J_new = fun(cand, rows)
         J_new = _by_parameter(J_new)
         sse_new = np.einsum("bn,bn->b", r_new, r_new)

@@ -509,3 +509,39 @@ def test_plot_draws_prediction_bands_only_for_forecasts_the_verdict_calls_predic
     bands = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_paths()]
     assert sorted(round(b.get_alpha(), 2) for b in bands) == [0.1, 0.25, 0.25]  # 1 prediction, 2 confidence
     assert "90% prediction band (an evaluation; predictable fits only)" in ax.get_legend_handles_labels()[1]
+
+
+def test_a_refit_whose_optimum_sits_on_a_bound_reaches_it():
+    """The profile over B refits (A, C_mid) at each fixed B inside the grid's ranges. Where the
+    data's asymptote lies above A's range, the optimum is on A's bound: the batched
+    Levenberg–Marquardt must reach it (as scipy's bounded least squares does), not crawl along
+    the bound and stop short when its iterations run out (11% above the optimum's SSE, before)."""
+    from scipy.optimize import least_squares
+
+    from scalefit.curve import sigmoid_residuals
+    from scalefit.lm import batched_lm
+
+    rng = np.random.default_rng(1)
+    c = np.geomspace(100, 20_000, 40)
+    y = sigmoid(c, 0.9, 1.5, 3000.0, 0.1) + rng.normal(0, 0.01, len(c))
+    bs = np.linspace(0.6, 3.0, 25)
+    lower, upper = np.array([0.05, np.log(50.0)]), np.array([0.8, np.log(1e5)])  # A's range ends below 0.9
+
+    def residuals(t: np.ndarray, rows: np.ndarray):
+        full = np.column_stack([t[:, 0], bs[rows], t[:, 1]])
+        return sigmoid_residuals(full, np.log(c)[None, :], y[None, :], 0.1, wrt=(0, 2))
+
+    theta, sse = batched_lm(residuals, np.tile([0.5, np.log(1000.0)], (len(bs), 1)), lower, upper, iters=40)
+    best = []
+    for b in bs:
+        fit = least_squares(
+            lambda t, b=b: sigmoid(c, t[0], b, np.exp(t[1]), 0.1) - y,
+            [0.5, np.log(1000.0)],
+            bounds=(lower, upper),
+            xtol=1e-14,
+            ftol=1e-14,
+            gtol=1e-14,
+        )
+        best.append(2 * fit.cost)
+    assert (theta[:, 0] == 0.8).sum() >= 15  # most of the B values put A on its bound
+    np.testing.assert_allclose(sse, best, rtol=1e-8)
