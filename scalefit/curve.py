@@ -36,7 +36,7 @@ def sigmoid_residuals(
             jac[k] = s
         else:
             np.multiply(ds, u if col == 1 else b, out=jac[k])
-    return r, np.moveaxis(jac, 0, -1)
+    return r, jac.transpose(1, 2, 0)
 
 
 def power_law(compute, A: float, D: float, B: float) -> np.ndarray:

@@ -75,4 +75,4 @@ def batched_lm(
 def _by_parameter(J: np.ndarray) -> np.ndarray:
     """The Jacobian (rows, n, p) as a contiguous (p, rows, n) array: NumPy's sums over points
     run an order of magnitude faster on it (a copy only where ``fun`` built it point-major)."""
-    return np.ascontiguousarray(np.moveaxis(J, -1, 0))
+    return np.ascontiguousarray(J.transpose(2, 0, 1))
