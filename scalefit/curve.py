@@ -34,8 +34,10 @@ def sigmoid_residuals(
     for k, col in enumerate(wrt):
         if col == 0:
             jac[k] = s
-        else:
+        elif col in (1, 2):
             np.multiply(ds, u if col == 1 else b, out=jac[k])
+        else:
+            raise ValueError(f"wrt = {wrt}: the columns are 0 (A), 1 (B) and 2 (log C_mid)")
     return r, jac.transpose(1, 2, 0)
 
 

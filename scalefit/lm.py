@@ -46,9 +46,10 @@ def batched_lm(
         # parameter has no effect on the residuals (e.g. B when A equals R0).
         H = JtJ + lam[:, None, None] * np.einsum("bii->bi", JtJ)[:, :, None] * eye + 1e-12 * eye
         # a parameter on its bound whose descent direction points outside stays there this step
-        # (projected Newton): the others take the step that holds it fixed, not a clipped one
+        # (projected Newton): the others take the step that holds it fixed, not a clipped one.
+        # A parameter whose bounds are equal is always held.
         th = theta[rows]
-        pinned = ((th <= lower) & (g > 0)) | ((th >= upper) & (g < 0))
+        pinned = ((th <= lower) & (g > 0)) | ((th >= upper) & (g < 0)) | (lower == upper)
         if pinned.any():
             free = ~pinned
             H = H * (free[:, :, None] & free[:, None, :]) + pinned[:, :, None] * eye
@@ -63,6 +64,7 @@ def batched_lm(
         r[better], J[:, better], sse[better] = r_new[better], J_new[:, better], sse_new[better]
         lam = np.clip(np.where(better, lam / 3.0, lam * 4.0), 1e-12, 1e16)
         done = (better & (gain <= rtol * sse)) | (~better & (lam > 1e10))
+        done |= pinned.all(axis=1)  # every parameter held on a bound: a constrained optimum, no step left
         sse_out[rows[done]] = sse[done]
         keep = ~done
         rows, r, J, sse, lam = rows[keep], r[keep], J[:, keep], sse[keep], lam[keep]
