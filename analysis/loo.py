@@ -185,9 +185,7 @@ class Model:
     # a variant missing here (fraction < 1) has no share of its compute that holds a fit and a point after it
 
 
-def campaign_model(
-    curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000, fraction: float = 1.0
-) -> Model:
+def campaign_model(curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000, fraction: float = 1.0) -> Model:
     """Fit every variant on the first ``fraction`` of its compute (1: all of it) and forecast it
     (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
     cfg, a_grid = _fit_config(fit, warn=False)
@@ -763,9 +761,7 @@ def write_fit(curves: pd.DataFrame, out: Path, fit: FitSpec = None, title: str =
     return table
 
 
-def plot_campaign(
-    curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = None, title: str = ""
-) -> Path | None:
+def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = None, title: str = "") -> Path | None:
     """The LOO plot: every variant's points, and its fit with both bands where it has one (``extra``
     as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
     cfg = _fit_config(fit)[0]
@@ -780,9 +776,7 @@ def plot_campaign(
         path,
         forecasts=extra["forecasts"],
         xlabel=x,
-        title=f"{title}: mean@16 vs compute, {cfg.model.replace('_', ' ')} fits"
-        if title
-        else None,
+        title=f"{title}: mean@16 vs compute, {cfg.model.replace('_', ' ')} fits" if title else None,
         unfitted=unfitted,
     )
 

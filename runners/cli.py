@@ -521,7 +521,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (
-        RecipeError, CampaignError, FileNotFoundError, PostgresError, ServerError, StoreError, RunFolderError, Busy
+        RecipeError,
+        CampaignError,
+        FileNotFoundError,
+        PostgresError,
+        ServerError,
+        StoreError,
+        RunFolderError,
+        Busy,
     ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

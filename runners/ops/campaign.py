@@ -21,11 +21,13 @@ from scalefit.settings import FitSettings
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
+
 class CampaignError(ValueError):
     """A campaign file, its expansion or its launch is wrong; the message names the fix."""
 
 
 X = "compute/samples"  # adaptive decisions compare budgets in completions generated, whatever the machine load
+
 
 def fit_settings(fit: dict[str, Any] | FitSettings | None) -> FitSettings:
     """A campaign's ``fit:`` section (``scalefit.settings.FitSettings``), checked when the campaign is

@@ -47,7 +47,6 @@ EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 KIND = "prl.kind"  # "campaign"
 
 
-
 def default_tracking_uri() -> str:
     """``MLFLOW_TRACKING_URI`` if set, else a SQLite file in the working directory (MLflow's default backend)."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(DEFAULT_STORE).resolve()}"

@@ -60,8 +60,6 @@ def build_fingerprint() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-
-
 def ensure_base_model(
     size: str = "small",
     task: ArithmeticTask | None = None,
