@@ -315,12 +315,12 @@ def polish(
     lower = np.array([a_range[0], B_BOUNDS[0], np.log(cmid_range[0])])
     upper = np.array([a_range[1], B_BOUNDS[1], np.log(cmid_range[1])])
     start = np.array([A, B, np.log(C_mid)])
+    wrt = tuple(int(i) for i in np.flatnonzero(free))
 
     def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         full = np.tile(start, (len(theta), 1))
         full[:, free] = theta
-        r, jac = sigmoid_residuals(full, log_c[None, :], v, r0)
-        return r, jac[..., free]
+        return sigmoid_residuals(full, log_c[None, :], v, r0, wrt=wrt)
 
     theta, sse = batched_lm(residuals, start[None, free], lower[free], upper[free], iters=200)
     out = start.copy()

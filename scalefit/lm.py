@@ -39,6 +39,7 @@ def batched_lm(
     sse = np.einsum("bn,bn->b", r, r)
     lam = np.full(len(rows), 1e-3)
     eye = np.eye(theta.shape[1])
+    fixed = lower == upper
     for _ in range(iters):
         JtJ = np.einsum("ibn,jbn->bij", J, J)
         g = np.einsum("ibn,bn->bi", J, r)
@@ -49,7 +50,7 @@ def batched_lm(
         # (projected Newton): the others take the step that holds it fixed, not a clipped one.
         # A parameter whose bounds are equal is always held.
         th = theta[rows]
-        pinned = ((th <= lower) & (g > 0)) | ((th >= upper) & (g < 0)) | (lower == upper)
+        pinned = ((th <= lower) & (g > 0)) | ((th >= upper) & (g < 0)) | fixed
         if pinned.any():
             free = ~pinned
             H = H * (free[:, :, None] & free[:, None, :]) + pinned[:, :, None] * eye

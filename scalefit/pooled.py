@@ -290,8 +290,7 @@ def _polish_penalized(fit: SigmoidFit, prior: Prior, a0: float, logb0: float, lc
 
     def residuals(th: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         full = np.column_stack([th[:, 0], np.exp(th[:, 1]), th[:, 2]])
-        r, jac = sigmoid_residuals(full, log_c[None, :], y[None, :], fit.R0)
-        jac = jac.copy()
+        r, jac = sigmoid_residuals(full, log_c[None, :], y[None, :], fit.R0)  # a fresh array
         jac[..., 1] *= full[:, 1:2]  # d/d log B
         pen = weight * (th[:, 1:2] - prior.mu)
         jpen = np.zeros((len(th), 1, 3))
