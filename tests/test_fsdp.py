@@ -134,7 +134,11 @@ def test_the_layout_read_from_accelerates_launch_is_the_config_files(tmp_path, v
     """What ``accelerate launch`` really exports for each shipped config (read inside a launched
     process) gives the layout that ``plan --accelerate-config`` reads from the file."""
     probe = tmp_path / "probe.py"
-    probe.write_text("from runners.rl.sharding import Layout; print('LAYOUT', repr(Layout.from_env()))\n")
+    # one write per process: the two share a pipe, and with PYTHONUNBUFFERED (make exports it)
+    # print's separate writes of "LAYOUT", " " and the layout interleaved ("LAYOUTLAYOUT ...", seen once)
+    probe.write_text(
+        "import sys\nfrom runners.rl.sharding import Layout\nsys.stdout.write(f'LAYOUT {Layout.from_env()!r}\\n')\n"
+    )
     res = subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--config_file"]
         + [str(cpu_config(tmp_path, version)), "--main_process_port", str(free_port()), str(probe)],
