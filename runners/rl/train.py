@@ -4,16 +4,18 @@
 ``ScaleRLTrainer``, evaluates mean@16 on held-out prompts at step 0 and every
 ``eval.every`` optimizer steps, and records each evaluation with the compute spent so
 far. A killed run resumes from its newest complete and readable checkpoint (one whose
-``prl_state.json``, written last, is there and whose weight and state files are whole), saying
-which one and why newer ones were skipped; evaluations already recorded are not recorded
-twice. A run that has history but no such checkpoint is never restarted from step 0 into that
-history: ``ResumeError`` says so (``tracking.tracked_train`` then starts it over as a new
+``prl_state.json``, written last, is there, whose weight and state files are whole, and whose
+files still have the sha256 that ``prl_state.json`` recorded at the save), saying which one and
+why newer ones were skipped; evaluations already recorded are not recorded twice. A run that
+has history but no such checkpoint is never restarted from step 0 into that history:
+``ResumeError`` says so (``tracking.tracked_train`` then starts it over as a new
 MLflow run). The folder belongs to one run (``runners.runfolder``): another run's folder is
 refused, and a finished run (``done.json``, or its last step checkpointed) trains no further step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -45,6 +47,7 @@ from runners.task.evaluation import evaluate
 from runners.task.rewards import CONFIGURED, reward_function
 
 STATE_FILE = "prl_state.json"
+CHECKSUMS = "sha256"  # in STATE_FILE: each other file of the checkpoint's sha256, taken at its save
 MetricsSink = Callable[[dict[str, float], int], None]
 
 
@@ -76,8 +79,34 @@ def _file_problem(path: Path) -> str | None:
     return None
 
 
+def checksums(ckpt: Path) -> dict[str, str]:
+    """The sha256 of each file of a checkpoint but its ``STATE_FILE``, by path relative to it."""
+    files = sorted(f for f in ckpt.rglob("*") if f.is_file() and not f.name.startswith(STATE_FILE))
+    out = {}
+    for f in files:
+        with f.open("rb") as fh:
+            out[f.relative_to(ckpt).as_posix()] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return out
+
+
+def _changed(ckpt: Path) -> str | None:
+    """Which file of a checkpoint differs from its save (None when none does, or when the
+    checkpoint was written before checksums were recorded)."""
+    recorded = json.loads((ckpt / STATE_FILE).read_text()).get(CHECKSUMS)
+    if not recorded:
+        return None
+    now = checksums(ckpt)
+    for name, digest in sorted(recorded.items()):
+        if name not in now:
+            return f"{name} missing (it was saved with the checkpoint)"
+        if now[name] != digest:
+            return f"{name} corrupted (its sha256 differs from the one recorded at its save)"
+    return None
+
+
 def last_complete_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint that is complete and readable, and why each newer one was skipped."""
+    """The newest checkpoint that is complete, readable and unchanged since its save, and why each
+    newer one was skipped."""
     found = sorted(
         (p for p in ckpt_dir.glob(f"{PREFIX_CHECKPOINT_DIR}-*") if p.name.split("-")[-1].isdigit()),
         key=lambda p: int(p.name.split("-")[-1]),
@@ -88,6 +117,7 @@ def last_complete_checkpoint(ckpt_dir: Path) -> tuple[Path | None, list[str]]:
         problem = None if (ckpt / STATE_FILE).is_file() else f"no {STATE_FILE} (its save was interrupted)"
         for f in sorted(ckpt.iterdir()):
             problem = problem or _file_problem(f)
+        problem = problem or _changed(ckpt)
         if problem is None:
             return ckpt, skipped
         skipped.append(f"{ckpt.name}: {problem}")
@@ -236,10 +266,12 @@ class Progress(TrainerCallback):
 
     def on_save(self, args, state, control, **kw):
         ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self.trainer.accelerator.wait_for_everyone()  # every process's files are written before they are hashed
         if ckpt.is_dir() and self.trainer.accelerator.is_main_process:
-            # written last, atomically: its presence marks the checkpoint complete
+            # written last, atomically: its presence marks the checkpoint complete, its checksums what it holds
             tmp = ckpt / f"{STATE_FILE}.tmp"
-            tmp.write_text(json.dumps({**self.state_dict(), **self.trainer.state_dict()}))
+            saved = {**self.state_dict(), **self.trainer.state_dict(), CHECKSUMS: checksums(ckpt)}
+            tmp.write_text(json.dumps(saved))
             tmp.replace(ckpt / STATE_FILE)
 
     def on_log(self, args, state, control, logs=None, **kw):
