@@ -120,6 +120,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(recipe)
     if "LOCAL_RANK" in os.environ:  # a rank that accelerate launched: its launcher holds the folder
         return _train(args, recipe, run_dir)
+    if not args.untracked:
+        from runners.ops.store import check_store, default_tracking_uri
+
+        check_store(default_tracking_uri())  # a corrupt store: one line, before a folder, a lock, a run or a model
     check_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
     with writer(run_dir, recipe):  # this process is the folder's one writer, for the whole run
         if args.gpus and args.gpus > 1:
@@ -217,7 +221,9 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 def cmd_campaign(args: argparse.Namespace) -> int:
     from runners.ops.campaign_runs import run_campaign
+    from runners.ops.store import check_store, default_tracking_uri
 
+    check_store(default_tracking_uri())  # a corrupt store is one line, before a lock, a server or a run
     t0 = time.perf_counter()
     summary = run_campaign(
         args.campaign,
@@ -243,13 +249,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
     whole process tree stops with it, and it fails (exit 1) if the UI stops on its own."""
     import signal
 
-    from runners.ops.store import default_tracking_uri
+    from runners.ops.store import check_store, default_tracking_uri
     from runners.ops.tracking import TRACKING_ONLY, exit_reason, serve
 
     uri = args.tracking_uri or default_tracking_uri()
     if uri.startswith(("http://", "https://")):
         print(f"error: {uri} is a tracking server: it serves its own UI, open it in a browser", file=sys.stderr)
         return 2
+    check_store(uri)  # a corrupt store: one line, not the UI's own traceback
 
     def stop(*_: object) -> None:
         raise KeyboardInterrupt  # a SIGTERM stops the UI as Ctrl-C does

@@ -6,10 +6,18 @@ naming the file and the fix, before compute is spent or an MLflow run is created
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
 
 from tests.campaigns import TINY as CAMPAIGN_TINY
+from tests.campaigns import write_campaign
 
 TINY = {**CAMPAIGN_TINY, "train.steps": 4, "train.save_every": 2, "eval.every": 2}  # the tiny run, 4 steps
+SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]
 
 
 def test_a_checkpoint_corrupted_after_its_save_is_skipped_for_the_one_before(tiny_base, tmp_path):
@@ -47,3 +55,46 @@ def test_a_checkpoint_corrupted_after_its_save_is_skipped_for_the_one_before(tin
         fh.seek(size // 2)
         fh.write(b"\xff" * 4096)
     assert last_complete_checkpoint(run / "checkpoints") == (run / "checkpoints" / "checkpoint-4", [])
+
+
+def _corrupt_store(path, template, damage: str) -> str:
+    """A store at ``path`` that is no SQLite database (``garbage``) or whose middle page holds 4 KiB
+    of 0xff (``page``); the words SQLite says it with."""
+    if damage == "garbage":
+        path.write_bytes(bytes(range(256)) * 800)
+        return "file is not a database"
+    shutil.copyfile(template, path)
+    with path.open("r+b") as fh:
+        fh.seek(path.stat().st_size // 2 // 4096 * 4096)
+        fh.write(b"\xff" * 4096)
+    return r"Page \d+: .+"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "page"])
+def test_a_corrupt_store_is_one_line_naming_it_from_each_command(tmp_path, monkeypatch, store_template, cli, damage):
+    """campaign (and --dry-run), train and ui on a corrupt mlflow.db: one line naming the file and
+    what to do, before a lock, a server, a run folder or an MLflow run; the file is left as it was
+    (before: an 83-line SQLAlchemy traceback, 67 lines from the UI's server)."""
+    from runners.ops.tracking import free_port
+
+    db = tmp_path / "mlflow.db"
+    said = _corrupt_store(db, store_template, damage)
+    before = db.read_bytes()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.chdir(tmp_path)
+    camp = str(write_campaign(tmp_path / "c.yaml", "corrupt", 2, {}))
+    line = (
+        re.escape(f"error: the MLflow store {db} is corrupt (SQLite: ")
+        + said
+        + re.escape(f"); restore it from a backup, or move it aside to start a new store (mv {db} {db}.corrupt)")
+    )
+    commands = [["campaign", camp, "--dry-run"], ["campaign", camp], ["train", "scalerl", *SETS]]
+    for args in [*commands, ["ui", "--port", str(free_port())]]:
+        res = cli("runners", *args)
+        assert res.returncode == 2 and re.fullmatch(line, res.stderr.strip()), (args, res.stderr[-2000:])
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "mlflow.db"]  # no mlruns/, artifacts/, lock
+    shell = subprocess.run(
+        [sys.executable, "-m", "runners", "campaign", camp, "--dry-run"], capture_output=True, text=True, timeout=300
+    )
+    assert shell.returncode == 2 and re.fullmatch(line, shell.stderr.strip()), shell.stderr[-2000:]

@@ -8,6 +8,7 @@ Runners write through these names and analysis reads through them; no other modu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from pathlib import Path
@@ -78,6 +79,38 @@ def existing_store(uri: str) -> str:
     if not {"experiments", "runs", "metrics"} <= tables:
         raise StoreError(f"{path} is not an MLflow store: an SQLite database without MLflow's tables")
     return uri
+
+
+def damage(path: Path) -> str | None:
+    """What SQLite finds broken in the file at ``path`` (None when nothing): not a database, or a
+    page ``PRAGMA quick_check`` cannot read (it reads every page: ~1.3 s for 300 MiB). A store
+    another process holds locked, or one this user cannot open, is not called broken."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+            found = [row[0] for row in db.execute("PRAGMA quick_check(1)")]
+    except sqlite3.OperationalError:
+        return None  # locked, or unreadable: MLflow's own error names it
+    except sqlite3.DatabaseError as e:
+        return str(e)
+    lines = [x for line in found for x in line.splitlines() if x and not x.startswith("***")]
+    return None if found == ["ok"] else "; ".join(lines)[:200]
+
+
+def check_store(uri: str) -> None:
+    """An existing SQLite store must be whole before a command writes to it or serves it
+    (``StoreError`` naming the file and what to do); MLflow would die in an 83-line traceback.
+    A missing or empty file, or a server, is left to the commands that create or reach it."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    problem = damage(path)
+    if problem is not None:
+        raise StoreError(
+            f"the MLflow store {path} is corrupt (SQLite: {problem}); restore it from a backup, or move it aside "
+            f"to start a new store (mv {path} {path}.corrupt)"
+        )
 
 
 def not_a_tracking_uri(uri: str) -> str:
