@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,10 +27,29 @@ from runners.task.tasks import ArithmeticTask
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
 INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a final answer now. </think>"
+SEED_MAX = 2**32 - 1  # numpy's seeds (transformers' set_seed) lie in [0, 2**32 - 1]
+_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+NAME_RULE = "one path segment: letters, digits, '-', '_' and '.', not starting with a dot"
 
 
 class RecipeError(ValueError):
     """A recipe that cannot run as written; the message says which key and how to fix it."""
+
+
+def name_problem(name: Any, what: str, example: str) -> str | None:
+    """Why ``name`` cannot name ``what`` ("a recipe"; it becomes a folder's name), or None."""
+    if isinstance(name, str) and _SEGMENT.fullmatch(name):
+        return None
+    return f"{what}'s name must be {NAME_RULE}, e.g. {example}"
+
+
+def _run_name_problem(name: str) -> str | None:
+    """A recipe's name: one path segment, or the ``CAMPAIGN/VARIANT`` a campaign gives its runs'
+    recipes (``loo-cpu/baseline``, ``loo-cpu/loss=dapo``: ``runners.ops.campaign.expand``)."""
+    campaign, slash, variant = name.partition("/")
+    key, eq, _ = variant.partition("=")
+    ran = slash and _SEGMENT.fullmatch(campaign) and (variant == "baseline" or (eq and _SEGMENT.fullmatch(key)))
+    return None if ran else name_problem(name, "a recipe", "my-recipe")
 
 
 @dataclass
@@ -306,6 +326,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
         raise RecipeError(f"{where or 'recipe'}: expected a section (mapping), got {data!r}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # a tuple's error quotes its default
     kwargs = {}
     for key, value in data.items():
         dotted = f"{where}.{key}" if where else str(key)
@@ -313,14 +334,14 @@ def _build(cls: type, data: Any, where: str) -> Any:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise RecipeError(f"unknown key {dotted!r}{hint} Valid keys here: {', '.join(names)}")
-        kwargs[key] = _coerce(hints[key], value, dotted)
+        kwargs[key] = _coerce(hints[key], value, dotted, defaults[key])
     try:
         return cls(**kwargs)
     except ValueError as e:  # a section's own checks (e.g. ArithmeticTask.__post_init__)
         raise RecipeError(f"{where}: {e}") from None
 
 
-def _coerce(tp: Any, value: Any, where: str) -> Any:
+def _coerce(tp: Any, value: Any, where: str, example: Any = None) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
@@ -329,7 +350,7 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, where)
+        return _coerce(inner, value, where, example)
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:
@@ -338,7 +359,8 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise RecipeError(f"{where} = {value!r}: expected a list of {len(args)} numbers, e.g. {list(args)}")
+            eg = list(example) if isinstance(example, tuple) else list(range(1, len(args) + 1))
+            raise RecipeError(f"{where} = {value!r}: expected a list of {len(args)} numbers, e.g. {eg}")
         return tuple(_coerce(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin is list:
         if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
@@ -383,6 +405,8 @@ def _require(cond: bool, msg: str) -> None:
 def validate(r: Recipe) -> None:
     """Cross-field checks; each message names the key, the value and the fix."""
     m, a, ln, b = r.model, r.algorithm, r.length, r.batch
+    name_issue = _run_name_problem(r.name)
+    _require(name_issue is None, f"name = {r.name!r}: {name_issue} (it names the run's folder)")
     _require(
         (m.size is None) != (m.path is None),
         f"model: set exactly one of model.size (embedded: {', '.join(SIZES)}) or model.path (a local checkpoint); "
@@ -479,6 +503,7 @@ def validate(r: Recipe) -> None:
     o, t, e = r.optim, r.train, r.eval
     _require(o.lr > 0, f"optim.lr = {o.lr}: must be > 0")
     _require(t.steps >= 1, f"train.steps = {t.steps}: must be >= 1")
+    _require(0 <= t.seed <= SEED_MAX, f"train.seed = {t.seed}: must be in [0, {SEED_MAX}] (numpy's range), e.g. 0")
     _require(t.temperature > 0, f"train.temperature = {t.temperature}: must be > 0")
     _require(t.save_every >= 1, f"train.save_every = {t.save_every}: must be >= 1")
     _require(

@@ -100,12 +100,45 @@ def _kill_tree(pid: int) -> None:
             p.send_signal(signal.SIGKILL)
 
 
+GROUPED_SUITE = """
+import os
+import pytest
+
+def record(request, group):
+    with open(os.environ["GROUPS_SEEN"], "a") as f:
+        f.write(f"{group} {os.environ['PYTEST_XDIST_WORKER']} {request.node.nodeid}\\n")
+""" + "".join(
+    f'\n@pytest.mark.xdist_group("{g}")\ndef test_{i}_{g}(request):\n    record(request, "{g}")\n'
+    for i in range(6)
+    for g in ("a", "b")  # interleaved: a scheduler that ignores groups deals both to both workers
+)
+
+
+def make_test_pytest_options() -> list[str]:
+    """The options of ``make test``'s pytest line (the Makefile's own), with 2 workers."""
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    (line,) = [x for x in makefile.splitlines() if "-m pytest" in x and x.startswith("\t")]
+    return line.split("-m pytest", 1)[1].replace("$(TEST_WORKERS)", "2").split()
+
+
 @pytest.mark.xdist_group("concurrent-campaign")
-def test_make_tests_workers_keep_each_xdist_group_on_one_worker(request):
+def test_make_tests_workers_keep_each_xdist_group_on_one_worker(request, tmp_path):
     """``--dist loadgroup`` sends a group's tests to one worker: one session campaign, one SLURM
     cluster, one DDP run. pytest 9.2 broke it without a word (pytest-xdist#1386: each worker built
-    them all again); requirements-full.lock pins 9.1.1. Under ``make test``, a grouped test's id
-    carries its group."""
+    them all again); requirements-full.lock pins 9.1.1. A suite of two interleaved groups, run with
+    ``make test``'s pytest options on 2 workers, runs each group on one worker, each id carrying
+    its group; under ``make test`` this test's own id carries its group too."""
+    (tmp_path / "test_grouped.py").write_text(GROUPED_SUITE)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the project's settings, nor its conftest
+    seen = tmp_path / "seen.txt"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")} | {"GROUPS_SEEN": str(seen)}
+    cmd = [sys.executable, "-m", "pytest", *make_test_pytest_options(), "-p", "no:cacheprovider", "test_grouped.py"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert res.returncode == 0 and "12 passed" in res.stdout, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [line.split() for line in seen.read_text().splitlines()]
+    workers = {g: {w for group, w, _ in rows if group == g} for g in ("a", "b")}
+    assert len(rows) == 12 and all(len(w) == 1 for w in workers.values()), rows
+    assert all(nodeid.endswith(f"@{group}") for group, _, nodeid in rows), rows
     if getattr(request.config.option, "loadgroup", False):  # an xdist worker of --dist loadgroup
         assert request.node.nodeid.endswith("@concurrent-campaign"), request.node.nodeid
 
@@ -314,14 +347,19 @@ def test_the_ui_of_a_tracking_server_is_the_server_itself():
 @pytest.mark.slow
 def test_a_local_server_runs_tracking_only(tmp_path, store_template):
     """MLflow's server starts a job runner and ~8 huey consumers (~200 MB each) for GenAI jobs
-    unless told not to; a campaign's server is the server and its uvicorn worker, no more."""
+    unless told not to; a campaign's server is the server and its uvicorn worker, no more.
+    ``mlflow server`` starts uvicorn, then (when on) the job runner, then waits on uvicorn: once its
+    main process waits, whatever it starts has started, however slow the machine (no fixed sleep)."""
     from runners.ops.tracking import local_server, server_record
 
     store = empty_store(store_template, tmp_path / "mlflow.db")
     with local_server(store, tmp_path / "art", log=lambda m: None) as url:
         assert MlflowClient(url).search_experiments()
-        time.sleep(2)  # the job runner, when on, starts after the server answers
         server = psutil.Process(json.loads(server_record(store, tmp_path / "art").read_text())["pid"])
+        deadline = time.time() + 120
+        while Path(f"/proc/{server.pid}/wchan").read_text() != "do_wait":  # Linux: the kernel function it sleeps in
+            assert time.time() < deadline, "mlflow server's main process never came to wait on its children"
+            time.sleep(0.1)
         children = server.children(recursive=True)
         assert [" ".join(c.cmdline()) for c in children if "uvicorn" not in " ".join(c.cmdline())] == []
         assert len(children) == 1
@@ -544,13 +582,34 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
         ("name: x\nbaseline: scalerl\nfit: {a_grid: '0.9:0.1:0.01'}\n", r"fit.a_grid: need 0 < LO < HI"),
         ("name: x\nbaseline: scalerl\nfit: {a_grid: [0.5, 0.9]}\n", "fit.a_grid = .*expected a string LO:HI:STEP"),
         ("name: x\nbaseline: scalerl\nfit: {margn: 0.05}\n", "unknown key 'fit.margn'.*did you mean 'fit.margin'"),
+        # issue 42, item 8: numpy refuses these seeds only once each run has started
+        ("name: x\nbaseline: scalerl\nseeds: [-1]\n", r"seeds = \[-1\]: seed -1 is not in \[0, 4294967295\]"),
+        ("name: x\nbaseline: scalerl\nbaseline_seeds: [4294967296]\n", r"baseline_seeds = .*seed 4294967296 is not"),
+        # item 9: an axis that runs nothing is an error, not silently dropped
+        ("name: x\nbaseline: scalerl\naxes: {loss: {key: algorithm.loss, values: []}}\n", "axis 'loss' has no values"),
+        (
+            "name: x\nbaseline: scalerl\naxes: {loss: {key: algorithm.loss, values: [cispo]}}\n",
+            "axis 'loss' lists only the baseline's algorithm.loss = 'cispo', so it runs nothing",
+        ),
+        # item 11: names stay inside their folders
+        ("name: ../../../x\nbaseline: scalerl\n", r"name = '../../../x': a campaign's name must be one path segment"),
+        ("name: .x\nbaseline: scalerl\n", r"name = '.x': a campaign's name must be one path segment"),
+        (
+            "name: x\nbaseline: scalerl\naxes: {../l: {key: algorithm.loss, values: [dapo]}}\n",
+            r"axis '../l': an axis's",
+        ),
+        ("name: x\nbaseline: scalerl\ncontrols: {a/b: {optim.lr: 1.0e-5}}\n", r"control 'a/b': a control's name"),
+        (
+            "name: x\nbaseline: scalerl\naxes: {data: {key: data.path, values: [../../y.jsonl]}}\n",
+            r"axis 'data' value '../../y.jsonl' would put its run folder outside the campaign's folder",
+        ),
     ],
 )
 def test_bad_campaign_files_get_one_clear_line(tmp_path, cli, text, msg):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
     with pytest.raises(CampaignError, match=msg):
-        load_campaign(path)
+        expand(load_campaign(path))  # some need the baseline recipe: its expansion checks them
     r = cli("runners", "campaign", str(path), "--dry-run")
     assert r.returncode != 0 and "Traceback" not in r.stderr and "error" in r.stderr.lower()
 

@@ -60,11 +60,42 @@ def test_inheritance_and_overrides(tmp_path):
         ({"data.task.max_operands": "four"}, r"data.task.max_operands = 'four': expected an integer"),
         ({"data.train_prompts": 8}, r"data.train_prompts = 8: must be at least batch.prompts = 16"),
         ({"data.train_prompts": 30000}, r"data.train_prompts = 30000: the embedded task has only data.task.n_train"),
+        # numpy refuses these seeds only once each run has started (issue 42, item 8)
+        ({"train.seed": -1}, r"train.seed = -1: must be in \[0, 4294967295\]"),
+        ({"train.seed": 2**32}, r"train.seed = 4294967296: must be in \[0, 4294967295\]"),
+        # a tuple's example is its default, not its types (issue 42, item 10)
+        ({"length.think_budget": "[1"}, r"length.think_budget = '\[1': expected a list of 2 numbers, e.g. \[24, 40\]$"),
+        ({"algorithm.dapo_epsilon": 0.2}, r"dapo_epsilon = 0.2: expected a list of 2 numbers, e.g. \[0.2, 0.28\]$"),
+        # a name is one path segment (issue 42, item 11)
+        ({"name": "../../x"}, r"name = '../../x': a recipe's name must be one path segment: letters, digits"),
+        ({"name": ".hidden"}, r"name = '.hidden': a recipe's name must be one path segment"),
+        ({"name": "a/b"}, r"name = 'a/b': a recipe's name must be one path segment"),
+        ({"name": "loo/../../x=1"}, r"name = 'loo/../../x=1': a recipe's name must be one path segment"),
+        ({"name": "my recipe"}, r"name = 'my recipe': a recipe's name must be one path segment"),
     ],
 )
 def test_bad_recipes_fail_with_the_key_and_fix(overrides, message):
     with pytest.raises(RecipeError, match=message):
         load_recipe("scalerl", overrides)
+
+
+def test_a_recipe_is_named_as_a_campaign_names_its_runs_or_by_one_segment():
+    """The names a campaign gives its runs' recipes (CAMPAIGN/VARIANT) load; so does any one segment."""
+    for name in ("my-recipe_2.1", "loo-cpu/baseline", "loo-cpu/loss=dapo", "c/control=lr_half", "c/data=/d/x.jsonl"):
+        assert load_recipe("scalerl", {"name": name}).name == name
+
+
+def test_a_bad_set_value_is_one_line_from_the_shell():
+    """`--set length.think_budget=[1` (an unclosed list) and `--set train.seed=-1`: exit code 2, one line
+    with a real example, before anything runs."""
+    for value, line in (
+        ("length.think_budget=[1", "error: length.think_budget = '[1': expected a list of 2 numbers, e.g. [24, 40]"),
+        ("train.seed=-1", "error: train.seed = -1: must be in [0, 4294967295] (numpy's range), e.g. 0"),
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "runners", "plan", "scalerl", "--set", value], capture_output=True, text=True
+        )
+        assert r.returncode == 2 and r.stderr.splitlines() == [line], r.stderr
 
 
 def test_train_prompts_limits_the_rl_pool_but_not_the_base_model():

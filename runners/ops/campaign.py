@@ -15,7 +15,16 @@ from typing import Any
 
 from runners.contract import COMPUTE_METRICS
 from runners.identity import run_key
-from runners.recipe import Recipe, RecipeError, apply_overrides, raw_recipe, read_yaml, recipe_from_dict
+from runners.recipe import (
+    SEED_MAX,
+    Recipe,
+    RecipeError,
+    apply_overrides,
+    name_problem,
+    raw_recipe,
+    read_yaml,
+    recipe_from_dict,
+)
 from scalefit.errors import FitError
 from scalefit.settings import FitSettings
 
@@ -229,10 +238,14 @@ def load_campaign(ref: str | Path) -> Campaign:
     for name, spec in (data.pop("axes", None) or {}).items():
         if not isinstance(spec, dict) or set(spec) != {"key", "values"} or not isinstance(spec["values"], list):
             raise CampaignError(f"{p}: axis {name!r} needs {{key: dotted.recipe.key, values: [...]}}, got {spec!r}")
+        _named(p, f"axis {name!r}", name, "an axis", "loss")
+        if not spec["values"]:
+            raise CampaignError(f"{p}: axis {name!r} has no values: list the value(s) to try, or remove the axis")
         _no_repeats(p, f"axis {name!r} values", spec["values"])
         axes[name] = Axis(spec["key"], spec["values"])
     controls = data.pop("controls", None) or {}
     for name, over in controls.items():
+        _named(p, f"control {name!r}", name, "a control", "lr_half")
         if not isinstance(over, dict) or not over:
             raise CampaignError(f"{p}: control {name!r} needs {{dotted.recipe.key: value, ...}}, got {over!r}")
     adaptive = data.pop("adaptive", None)
@@ -264,6 +277,7 @@ def _check_types(p: Path, data: dict[str, Any]) -> None:
     for key in ("name", "baseline", "kind", "backend"):
         if key in data and not isinstance(data[key], str):
             raise CampaignError(f"{p}: {key} = {data[key]!r}: expected a string")
+    _named(p, f"name = {data['name']!r}", data["name"], "a campaign", "my-campaign")
     for key in ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries"):
         v = data.get(key)
         if key in data and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "max_retries" else 1)):
@@ -277,10 +291,22 @@ def _check_types(p: Path, data: dict[str, Any]) -> None:
         ):
             raise CampaignError(f"{p}: {key} = {v!r}: expected a list of integers, e.g. [0, 1]")
         if key in data:
+            bad = [s for s in v if not 0 <= s <= SEED_MAX]
+            if bad:
+                raise CampaignError(
+                    f"{p}: {key} = {v!r}: seed {bad[0]} is not in [0, {SEED_MAX}] (numpy's range), e.g. [0, 1]"
+                )
             _no_repeats(p, key, v)
     for key in ("overrides", "fit", "axes", "controls"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise CampaignError(f"{p}: {key} = {data[key]!r}: expected a mapping")
+
+
+def _named(p: Path, what: str, name: Any, kind: str, example: str) -> None:
+    """A campaign's, axis's or control's name names folders: one path segment (``name_problem``)."""
+    problem = name_problem(name, kind, example)
+    if problem:
+        raise CampaignError(f"{p}: {what}: {problem}")
 
 
 def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
@@ -311,10 +337,21 @@ def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
             current = base_flat[axis.key]
         except KeyError:
             raise CampaignError(f"{camp.path}: axis {axis_name!r}: {axis.key!r} is not a recipe key") from None
+        if camp.kind == "loo" and all(_same(value, current) for value in axis.values):
+            raise CampaignError(
+                f"{camp.path}: axis {axis_name!r} lists only the baseline's {axis.key} = {current!r}, so it runs "
+                "nothing: add a value to leave out, or remove the axis"
+            )
         for value in axis.values:
             if camp.kind == "loo" and _same(value, current):
                 continue
-            variants.append((f"{axis_name}={fmt_value(value)}", axis_name, value, {axis.key: value}))
+            variant = f"{axis_name}={fmt_value(value)}"
+            if ".." in Path(variant.replace("=", "-")).parts:  # its folder (``local.run_folder``) would be elsewhere
+                raise CampaignError(
+                    f"{camp.path}: axis {axis_name!r} value {value!r} would put its run folder outside the campaign's"
+                    " folder: write it without '..' (an absolute path stays inside)"
+                )
+            variants.append((variant, axis_name, value, {axis.key: value}))
     if only_axis is None:  # controls: named variants that change several keys (e.g. known-worse positive controls)
         for name, over in camp.controls.items():
             for key in over:
