@@ -220,12 +220,19 @@ SMALL_RUN = [  # the distributed tests' run: 4 steps, 2 evaluations of 9 prompts
 ]
 
 
+def cpu_only_env(**extra: str) -> dict[str, str]:
+    """This process's environment with CUDA hidden (``CUDA_VISIBLE_DEVICES`` empty), plus ``extra``:
+    a test of the CPU path (gloo DDP, FSDP 2 on CPU processes, refusals for machines without CUDA)
+    runs that path on a GPU machine too, instead of skipping there (a skip fails under ``CI``)."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": "", **extra}
+
+
 def train_small_run(run_dir: Path, processes: int) -> list[dict]:
     """``runners train`` of :data:`SMALL_RUN` over ``processes`` (``--gpus``: DDP through accelerate,
-    gloo on CPU), tracked to ``mlflow.db`` beside ``run_dir``; its metrics records."""
+    gloo on CPU, also on a GPU machine), tracked to ``mlflow.db`` beside ``run_dir``; its metrics records."""
     cmd = [sys.executable, "-m", "runners", "train", "scalerl", *[f"--set={s}" for s in SMALL_RUN]]
     cmd += ["--run-dir", str(run_dir), "--gpus", str(processes)]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{run_dir.parent / 'mlflow.db'}"}
+    env = cpu_only_env(MLFLOW_TRACKING_URI=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     return metrics_records(run_dir)
@@ -300,8 +307,10 @@ def cli():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """Under CI (``CI`` set, as ``.ci/run`` runs), a skipped test is an error: a missing PostgreSQL,
-    Chromium or root must not turn into a pass."""
+    """Under CI (``CI`` set, as ``.ci/run`` sets it), a skipped test is an error: a missing PostgreSQL,
+    Chromium, uv, tmpfs or root must not turn into a pass. No skip is tolerated, on any machine: the
+    tests of the CPU path hide CUDA from the processes they start (:func:`cpu_only_env`), so a GPU
+    machine runs them too; an expected failure (``xfail``) stays one."""
     outcome = yield
     report = outcome.get_result()
     if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):

@@ -3,7 +3,8 @@
 accelerate runs FSDP on accelerator devices only, so the end-to-end test launches the runner through
 ``tests.fsdp_cpu``, which lifts that one decision: two gloo CPU processes under PyTorch's FSDP 2,
 sharded parameters, gathered generation, sharded checkpoints. FSDP 1 needs a GPU in PyTorch itself
-(results/fsdp measured both on GPUs).
+(results/fsdp measured both on GPUs). A GPU machine runs the same CPU tests, CUDA hidden from their
+processes (``cpu_only_env``): none is skipped there.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from runners.ops.tracking import free_port
 from runners.recipe import RecipeError, load_recipe
 from runners.rl.memory import Dims, check_fits, estimate
 from runners.rl.sharding import Layout
-from tests.conftest import SMALL_RUN
+from tests.conftest import SMALL_RUN, cpu_only_env
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "experiments" / "accelerate"
@@ -42,14 +43,15 @@ def cpu_config(tmp_path: Path, version: int) -> Path:
 
 
 def launch(config: Path, run_dir: Path, *, wait: bool = True):
-    """``python -m runners train`` of the distributed tests' run on 2 CPU processes, FSDP 2 with ``config``."""
+    """``python -m runners train`` of the distributed tests' run on 2 CPU processes, FSDP 2 with
+    ``config``; on a GPU machine too (CUDA hidden: :func:`cpu_only_env`)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--config_file"]
     cmd += [str(config), "--mixed_precision", "no", "--main_process_port", str(free_port())]  # never 29500 twice
     cmd += ["-m", "tests.fsdp_cpu", "train", "scalerl"]
     cmd += [*[f"--set={s}" for s in SMALL_RUN], "--untracked", "--run-dir", str(run_dir)]
     if not wait:
-        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, env=cpu_only_env())
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=cpu_only_env())
     noise = ("FutureWarning", "warnings.warn(")
     err = "\n".join(line for line in res.stderr.splitlines() if not any(n in line for n in noise))
     assert res.returncode == 0, res.stdout[-2000:] + err[-6000:]
@@ -67,7 +69,6 @@ def kill_tree(pid: int) -> None:
             p.send_signal(signal.SIGKILL)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; GPUs run FSDP for real (results/fsdp)")
 @pytest.mark.slow
 @pytest.mark.xdist_group("ddp")  # with tests/test_distributed.py, on the one worker that runs ddp_run
 def test_fsdp2_run_trains_evaluates_saves_whole_models_and_resumes_after_a_kill(tmp_path, tiny_base, ddp_run):
@@ -117,14 +118,15 @@ def test_fsdp2_run_trains_evaluates_saves_whole_models_and_resumes_after_a_kill(
             assert again[step][key] == recs[step][key], (step, key)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on GPUs FSDP runs")
 def test_fsdp_on_cpu_processes_is_refused_in_one_line():
+    """FSDP over CPU processes (CUDA hidden, so a GPU machine is such a machine too) is refused."""
     res = subprocess.run(
         [sys.executable, "-m", "runners", "train", "scalerl", "--gpus", "2", "--untracked"]
         + ["--accelerate-config", str(CONFIGS / "fsdp1.yaml")],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=cpu_only_env(),
     )
     assert res.returncode == 2 and "FSDP needs GPUs" in res.stderr and "Traceback" not in res.stderr
 
