@@ -114,7 +114,7 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from runners.ops.locks import writer
-    from runners.runfolder import default_run_dir
+    from runners.runfolder import cache_problem, default_run_dir
 
     recipe = _recipe(args)  # validates before any process is launched
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(recipe)
@@ -124,6 +124,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         from runners.ops.store import check_store, default_tracking_uri
 
         check_store(default_tracking_uri())  # a corrupt store: one line, before a folder, a lock, a run or a model
+    if recipe.model.size is not None and (problem := cache_problem(recipe.model.size, recipe.data.task)):
+        raise RunFolderError(problem)  # a base model to build into a read-only cache: before a run or the build
     check_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
     with writer(run_dir, recipe):  # this process is the folder's one writer, for the whole run
         if args.gpus and args.gpus > 1:

@@ -33,6 +33,8 @@ from typing import Any
 from runners.contract import DONE_FILE
 from runners.identity import code_version, run_key
 from runners.recipe import Recipe, RecipeError, load_recipe
+from runners.task.sizes import base_model_path
+from runners.task.tasks import ArithmeticTask
 
 # What torch's and safetensors' writers say when a write comes up short (the reason is not kept).
 WRITER_FAILURES = ("unexpected pos", "iostream error", "file write failed", "no space left", "storagefull")
@@ -78,6 +80,36 @@ def check_writable(folder: Path) -> None:
             f.open("a").close()
         except OSError as e:
             raise RunFolderError(f"cannot write {f} in the run folder: {e.strerror or e}; {fix}") from None
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why no file can be made in ``folder``, or in the nearest existing folder it would be created
+    in: that folder and the system's words (``/x/artifacts: Read-only file system``); None when one
+    can. A real write is tried (root ignores permission bits, not a read-only mount); nothing is
+    left behind, and no folder is created."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.is_dir())
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-check-"):
+            pass
+    except OSError as e:
+        return f"{existing}: {e.strerror or e}"
+    return None
+
+
+def cache_problem(size: str, task: ArithmeticTask, cache_dir: Path | None = None) -> str | None:
+    """Why base model ``size`` of ``task``, not built yet, cannot be built into its cache (one line
+    naming the folder and the fix); None when it is cached or can be built."""
+    path = base_model_path(size, task, cache_dir)
+    if (path / "build_info.json").is_file():
+        return None
+    why = unwritable(path.parent)
+    if why is None:
+        return None
+    return (
+        f"cannot build the base model '{size}' into its cache {path.parent.absolute()} ({why}); make it "
+        "writable, or set PRL_CACHE to a writable folder (the cache is PRL_CACHE/base-models)"
+    )
 
 
 def _chain(exc: BaseException):

@@ -12,9 +12,12 @@ import subprocess
 import sys
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from tests.campaigns import TINY as CAMPAIGN_TINY
 from tests.campaigns import write_campaign
+from tests.conftest import empty_store
+from tests.test_faults import _remount, tmpfs
 
 TINY = {**CAMPAIGN_TINY, "train.steps": 4, "train.save_every": 2, "eval.every": 2}  # the tiny run, 4 steps
 SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]
@@ -98,3 +101,51 @@ def test_a_corrupt_store_is_one_line_naming_it_from_each_command(tmp_path, monke
         [sys.executable, "-m", "runners", "campaign", camp, "--dry-run"], capture_output=True, text=True, timeout=300
     )
     assert shell.returncode == 2 and re.fullmatch(line, shell.stderr.strip()), shell.stderr[-2000:]
+
+
+def _runs_in(db) -> list:
+    client = MlflowClient(f"sqlite:///{db}")
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def test_a_read_only_artifacts_folder_is_one_line_before_a_lock_or_a_run(tmp_path, monkeypatch, store_template, cli):
+    """A campaign run from a folder whose artifacts/ is a read-only mount: one line naming the
+    folder, and nothing made (before: a 52-line traceback, a parent run left RUNNING, ./mlruns)."""
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store(store_template, db))
+    monkeypatch.chdir(tmp_path)
+    camp = str(write_campaign(tmp_path / "c.yaml", "ro-artifacts", 2, {}))
+    with tmpfs(tmp_path / "artifacts", 1024) as ro:
+        _remount(ro, "ro")
+        res = cli("runners", "campaign", camp)
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.stderr.strip() == (
+        f"error: cannot write the campaign's folder {ro / 'campaigns' / 'ro-artifacts'} ({ro}: Read-only file "
+        "system); make it writable (its runs' folders and MLflow artifacts go there), or run the campaign from "
+        "another folder"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts", "c.yaml", "mlflow.db"]  # no lock, no mlruns/
+    assert _runs_in(db) == []
+
+
+def test_a_read_only_base_model_cache_is_one_line_before_the_build(tmp_path, monkeypatch, store_template, cli):
+    """A base model to build into a read-only cache (PRL_CACHE): one line naming the cache from
+    train, base-model and campaign, before a run or the build's compute (before: 44 lines after it)."""
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", empty_store(store_template, db))
+    monkeypatch.chdir(tmp_path)
+    camp = str(write_campaign(tmp_path / "c.yaml", "ro-cache", 2, {}))
+    commands = [["train", "scalerl", *SETS], ["base-model", "scalerl", "--set", "model.size=tiny"], ["campaign", camp]]
+    with tmpfs(tmp_path / "cache", 1024) as ro:
+        _remount(ro, "ro")
+        monkeypatch.setenv("PRL_CACHE", str(ro))
+        for args in commands:
+            res = cli("runners", *args)
+            assert res.returncode == 2, (args, res.stdout[-2000:] + res.stderr[-2000:])
+            assert res.stderr.strip() == (
+                f"error: cannot build the base model 'tiny' into its cache {ro / 'base-models'} ({ro}: Read-only "
+                "file system); make it writable, or set PRL_CACHE to a writable folder (the cache is "
+                "PRL_CACHE/base-models)"
+            ), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "cache", "mlflow.db"]  # no run folder, no lock
+    assert _runs_in(db) == []

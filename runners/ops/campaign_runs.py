@@ -68,6 +68,7 @@ def run_campaign(
     if dry_run:
         return _run_campaign(camp, specs, uri, only_axis, True, runs_root, resume_stopped, log)
     check_backend(camp)  # before the lock: a campaign that cannot run leaves nothing behind
+    check_folders(camp, specs, runs_root)  # a read-only artifacts/ or base-model cache: likewise
     advice = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
     with hold(campaign_lock(camp.name, uri, runs_root), f"campaign {camp.name} on store {uri}", advice):
         return _run_campaign(camp, specs, uri, only_axis, False, runs_root, resume_stopped, log)
@@ -89,6 +90,25 @@ def check_backend(camp: Campaign) -> None:
         from runners.ops.slurm import check_slurm
 
         check_slurm()
+
+
+def check_folders(camp: Campaign, specs: list[RunSpec], runs_root: Path) -> None:
+    """Refuse a campaign whose folder (its runs' folders and MLflow artifacts), or the cache of a
+    base model it has yet to build, takes no file, naming the folder: before its lock, a server
+    or an MLflow run (``./mlruns`` included) is made."""
+    from runners.runfolder import cache_problem, unwritable
+
+    folder = runs_root / camp.name
+    why = unwritable(folder)
+    if why is not None:
+        raise CampaignError(
+            f"cannot write the campaign's folder {folder.absolute()} ({why}); make it writable (its runs' folders "
+            "and MLflow artifacts go there), or run the campaign from another folder"
+        )
+    for spec in specs:
+        problem = spec.recipe.model.size and cache_problem(spec.recipe.model.size, spec.recipe.data.task)
+        if problem:
+            raise CampaignError(problem)
 
 
 def campaign_lock(name: str, uri: str, runs_root: Path) -> Path:

@@ -4,7 +4,8 @@ No model hub is reachable, so the project makes its own "SFT checkpoint before R
 a decoder-only Llama (untied LM head, so the FP32-head axis applies) in a few named
 sizes, trained with TRL's ``SFTTrainer`` on the task's imperfect demonstrations.
 The result is a standard Hugging Face directory (``AutoModelForCausalLM`` /
-``AutoTokenizer``), cached under a hash of everything that determines it.
+``AutoTokenizer``), cached under a hash of everything that determines it. A cache that takes no
+file is one line before the build (``runners.runfolder.cache_problem``), not a traceback after it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from datasets import Dataset, disable_progress_bars
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, TrainerCallback
 from trl import SFTConfig, SFTTrainer
 
+from runners.runfolder import RunFolderError, cache_problem
 from runners.task import sizes
 from runners.task.evaluation import evaluate
 from runners.task.sizes import SIZES, base_model_path, build_key
@@ -75,6 +77,9 @@ def ensure_base_model(
     path = base_model_path(size, task, cache_dir)
     if (path / "build_info.json").is_file():
         return path
+    problem = cache_problem(size, task, cache_dir)
+    if problem is not None:  # one line before the build's compute, not a traceback after it
+        raise RunFolderError(problem)
     log(f"building base model '{size}' for {task} → {path}")
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
