@@ -3,11 +3,13 @@ bands), output paths checked before the fit, CSV errors that name the file line.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import sys
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from scalefit import FitError, fit_sigmoid, forecast
 from scalefit.cli import read_curves
 from scalefit.synthetic import TABLE1, realistic_runs, synthetic_curve
 from tests.scale_cases import run_measured, seeds_csv
+from tests.test_faults import _remount, tmpfs
 
 fc_mod = importlib.import_module("scalefit.forecast")  # the module; ``scalefit.forecast`` is the function
 TARGET = 1536 * 2**20  # any fit and forecast of up to 200k points under 1.5 GB of resident memory
@@ -135,24 +138,36 @@ def test_an_unwritable_output_is_refused_before_the_fit(tmp_path, cli, option):
         assert "fitting" not in r.stderr and not r.stdout  # refused before reading the data: no fit, no summary
 
 
+@contextlib.contextmanager
+def folder_that_takes_no_files(where: Path) -> Iterator[Path]:
+    """A real folder that refuses new files: one without write permission, or, for root (whom
+    permissions do not stop), a read-only tmpfs mounted there, as the fault tests mount theirs."""
+    where.mkdir()
+    if os.geteuid() != 0:
+        where.chmod(0o500)
+        try:
+            yield where
+        finally:
+            where.chmod(0o700)
+        return
+    with tmpfs(where, 64):
+        _remount(where, "ro")
+        yield where
+
+
 def test_an_output_in_a_folder_that_takes_no_files_is_refused(tmp_path, cli):
-    """A folder without write permission (or, for root, who ignores permissions, sysfs): the
-    nearest existing folder is tried with a real file, so both are caught before the fit."""
+    """A folder that takes no files (no write permission; for root, a read-only file system): the
+    nearest existing folder is tried with a real file, so either is caught before the fit."""
     c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0)
     csv = tmp_path / "one.csv"
     pd.DataFrame({"h": c, "m": v}).to_csv(csv, index=False)
-    locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o500)
-    if os.geteuid() == 0:
-        locked = Path("/sys")
-    dest = locked / "new" / "x.json"  # a folder to create inside it, as --json would
-    try:
+    with folder_that_takes_no_files(tmp_path / "locked") as locked:
+        dest = locked / "new" / "x.json"  # a folder to create inside it, as --json would
         r = cli("scalefit", "fit", str(csv), "--x", "h", "--y", "m", "--json", str(dest))
-    finally:
-        (tmp_path / "locked").chmod(0o700)
-    assert r.returncode == 2 and r.stderr.startswith(f"error: --json {dest}: cannot write there ({locked}: ")
-    assert "fitting" not in r.stderr and not r.stdout and not (locked / "new").exists()
+        assert not (locked / "new").exists()
+    why = "Permission denied" if os.geteuid() != 0 else "Read-only file system"
+    assert r.returncode == 2 and r.stderr.startswith(f"error: --json {dest}: cannot write there ({locked}: {why})")
+    assert "fitting" not in r.stderr and not r.stdout
 
 
 @pytest.mark.parametrize(
