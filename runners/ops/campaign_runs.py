@@ -130,7 +130,7 @@ def _run_campaign(
     resume_stopped: bool,
     log,
 ) -> dict[str, Any]:
-    from runners.ops.tracking import local_server
+    from runners.ops.watch import watched_server
 
     client = MlflowClient(uri)
     exp_id = store.experiment_id(client, camp.name)
@@ -157,9 +157,18 @@ def _run_campaign(
     log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
     t0 = time.perf_counter()
     # a server gives the runs one writer in front of SQLite; with none to run, this process is the only one
-    server = local_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") and todo else None
-    with server if server is not None else contextlib.nullcontext(uri) as worker_uri:
+    # (watched: started again on the same store and port when it dies, ``runners.ops.watch``)
+    server = watched_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") and todo else None
+    with server if server is not None else contextlib.nullcontext() as watched:
+        worker_uri = watched.url if watched is not None else uri
         worker_client = MlflowClient(worker_uri)
+
+        def serving() -> None:  # a server lost for good ends the campaign: its parent FAILED (in the store), one line
+            if watched is not None:
+                watched.wait()  # a server being started again serves within seconds
+                if watched.lost is not None:
+                    client.set_terminated(parent.info.run_id, "FAILED")
+                    watched.check()
 
         def mlflow_run(spec: RunSpec) -> Run:  # resumed if it exists, else a new child
             if spec.run_key not in existing:
@@ -167,6 +176,7 @@ def _run_campaign(
             return existing[spec.run_key]
 
         def prepare(spec: RunSpec) -> Launch:
+            serving()
             return command(spec, mlflow_run(spec).info.run_id, worker_uri, root)
 
         monitor = None
@@ -180,6 +190,12 @@ def _run_campaign(
                 )
             monitor = Monitor(camp.adaptive, worker_client, members, log=log, exempt=resumed)
 
+        def poll() -> None:  # between a scheduler's polls
+            if watched is not None and watched.lost is not None:
+                serving()
+            if monitor is not None:
+                monitor()
+
         if camp.backend == "ray":
             from runners.ops.cluster import run_on_ray
 
@@ -190,14 +206,14 @@ def _run_campaign(
                 gpus_per_run=camp.gpus_per_run,
                 max_retries=camp.max_retries,
                 log=log,
-                monitor=monitor,
+                monitor=poll,
             )
         elif camp.backend == "slurm":
             from runners.ops.slurm import run_on_slurm
 
-            failures = run_on_slurm(camp, todo, prepare, root, log, monitor=monitor)
+            failures = run_on_slurm(camp, todo, prepare, root, log, monitor=poll)
         else:
-            failures = run_local(camp, todo, prepare, root, log, monitor=monitor)
+            failures = run_local(camp, todo, prepare, root, log, monitor=poll)
         saved = None
         if monitor is not None:
             monitor(force=True)

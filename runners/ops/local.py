@@ -14,6 +14,7 @@ writing in a run folder that its next run would resume.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ PROGRESS_MARKS = (
     "resuming",
     "stopped at step",
     "done in ",
+    "tracking server",  # a write the tracking server did not take, and why (``tracking.MlflowSink``)
 )
 
 
@@ -63,12 +65,15 @@ def run_folder(root: Path, spec: RunSpec) -> Path:
 
 
 def command(spec: RunSpec, run_id: str, uri: str, root: Path) -> Launch:
-    """The run's folder (recipe written) and its ``python -m runners train`` command."""
+    """The run's folder (recipe written) and its ``python -m runners train`` command, whose MLflow
+    calls give up in about 30 s (``tracking.HTTP_LIMITS``)."""
+    from runners.ops.tracking import http_limits
+
     rdir = run_folder(root, spec)
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "recipe.yaml").write_text(spec.recipe.to_yaml())
     cmd = [sys.executable, "-m", "runners", "train", str(rdir / "recipe.yaml"), "--run-dir", str(rdir)]
-    return Launch(spec, cmd, {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id}, rdir)
+    return Launch(spec, cmd, {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, **http_limits()}, rdir)
 
 
 def tail(path: Path, n: int = 5) -> str:
@@ -157,43 +162,47 @@ def run_local(
     queue, failures, done_count, t0 = list(todo), [], 0, time.perf_counter()
     retried: dict[str, int] = {}
     threads = max(1, cores() // max(1, len(free)))
-    while queue or running:
-        while queue and len(running) < len(free):
-            spec = queue.pop(0)
-            device = _free_slot(free, running)
-            running.append(_start(prepare(spec), device, threads))
-            log(
-                f"[{done_count + len(running)}/{len(todo)}] {'retry' if spec.run_key in retried else 'start'}"
-                f" {spec.variant} seed {spec.seed}" + (f" on cuda:{device}" if device is not None else "")
-            )
-        time.sleep(1.0)
-        if monitor is not None:
-            monitor()
-        for r in list(running):
-            _echo_progress(r, log)
-            if r.proc.poll() is None:
-                continue
-            running.remove(r)
-            r.logf.close()
-            spec, elapsed, code = r.launch.spec, time.perf_counter() - t0, r.proc.returncode
-            if code < 0 and code != -signal.SIGINT and retried.get(spec.run_key, 0) < camp.max_retries:
-                retried[spec.run_key] = retried.get(spec.run_key, 0) + 1
+    try:
+        while queue or running:
+            while queue and len(running) < len(free):
+                spec = queue.pop(0)
+                device = _free_slot(free, running)
+                running.append(_start(prepare(spec), device, threads))
                 log(
-                    f"[{done_count + 1}/{len(todo)}] {spec.variant} seed {spec.seed} died of {_signal_name(code)};"
-                    f" retry {retried[spec.run_key]}/{camp.max_retries} resumes from its checkpoint"
+                    f"[{done_count + len(running)}/{len(todo)}] {'retry' if spec.run_key in retried else 'start'}"
+                    f" {spec.variant} seed {spec.seed}" + (f" on cuda:{device}" if device is not None else "")
                 )
-                queue.insert(0, spec)
-                continue
-            done_count += 1
-            if code == 0:
-                log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
-            else:
-                last_lines = tail(r.launch.run_dir / "run.log")
-                if code < 0:  # no Python traceback: say what killed it
-                    last_lines += f"\n(died of {_signal_name(code)} after {retried.get(spec.run_key, 0)} retries)"
-                failures.append((spec, last_lines))
-                last = last_lines.splitlines()[-1] if last_lines else ""
-                log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
+            time.sleep(1.0)
+            if monitor is not None:
+                monitor()
+            for r in list(running):
+                _echo_progress(r, log)
+                if r.proc.poll() is None:
+                    continue
+                running.remove(r)
+                r.logf.close()
+                spec, elapsed, code = r.launch.spec, time.perf_counter() - t0, r.proc.returncode
+                if code < 0 and code != -signal.SIGINT and retried.get(spec.run_key, 0) < camp.max_retries:
+                    retried[spec.run_key] = retried.get(spec.run_key, 0) + 1
+                    log(
+                        f"[{done_count + 1}/{len(todo)}] {spec.variant} seed {spec.seed} died of {_signal_name(code)};"
+                        f" retry {retried[spec.run_key]}/{camp.max_retries} resumes from its checkpoint"
+                    )
+                    queue.insert(0, spec)
+                    continue
+                done_count += 1
+                if code == 0:
+                    log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
+                else:
+                    last_lines = tail(r.launch.run_dir / "run.log")
+                    if code < 0:  # no Python traceback: say what killed it
+                        last_lines += f"\n(died of {_signal_name(code)} after {retried.get(spec.run_key, 0)} retries)"
+                    failures.append((spec, last_lines))
+                    last = last_lines.splitlines()[-1] if last_lines else ""
+                    log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
+    except BaseException:  # the campaign cannot go on (its tracking server is lost, an interrupt): its runs stop
+        _stop(running)
+        raise
     return failures
 
 
@@ -218,6 +227,22 @@ def _start(launch: Launch, device: str | None, threads: int) -> _Running:
         cmd += ["--gpus", str(device.count(",") + 1)]
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     return _Running(proc, launch, device, logf, offset)
+
+
+def _stop(running: list[_Running]) -> None:
+    """Stop the running runs (SIGTERM, SIGKILL after 20 s); a re-run resumes them from their checkpoints."""
+    import psutil
+
+    from runners.ops.servers import stop
+
+    procs = []
+    for r in running:
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(r.proc.pid))
+    stop(procs)
+    for r in running:
+        r.proc.wait()
+        r.logf.close()
 
 
 def _signal_name(returncode: int) -> str:

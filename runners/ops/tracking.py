@@ -35,6 +35,35 @@ from runners.ops import servers, store
 #: about eight processes of ~200 MB) stays off.
 TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
+#: A trainer's MLflow HTTP calls, bounded through MLflow's own settings (its defaults: 7 retries,
+#: backoff factor 2, 120 s timeout, about 4 min a call against a server that is gone; with the
+#: sink's 8 attempts a run blocked silently for 39 min). Now a call gives up after about 30 s
+#: (retries after 0, 2, 4, 8 and 16 s), long enough for a campaign to start its dead server again
+#: (``runners.ops.watch``); the sink says each failure on the console. The environment overrides them.
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+def http_limits() -> dict[str, str]:
+    """``HTTP_LIMITS``, each unless this process's environment sets it already."""
+    return {k: os.environ.get(k, v) for k, v in HTTP_LIMITS.items()}
+
+
+def request_error(e: Exception) -> str:
+    """An MLflow client error in one short line: the request and its root cause
+    (``API request to URL failed: [Errno 111] Connection refused``), not urllib3's whole chain."""
+    text = (str(e).splitlines() or [type(e).__name__])[0]
+    head, sep, cause = text.partition(" failed with exception ")
+    if not sep:
+        return text[:200]
+    if "Caused by " in cause:  # urllib3's chain: the innermost reason is last
+        cause = cause.rsplit("Caused by ", 1)[1].rsplit(": ", 1)[-1].rstrip("'\")")
+    return f"{head} failed: {cause[:160]}"
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -271,8 +300,7 @@ class MlflowSink:
             except (MlflowException, RequestException) as e:
                 if delay is None:
                     raise
-                why = str(e).splitlines()[0][:160]
-                self.log(f"tracking server refused a write ({why}); retry {attempt} in {delay} s")
+                self.log(f"tracking server refused a write ({request_error(e)}); retry {attempt} in {delay} s")
                 time.sleep(delay)
 
     def __call__(self, metrics: dict[str, float], step: int) -> None:
@@ -326,6 +354,7 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
 
     from runners.rl.train import ResumeError, metric_records, train
 
+    os.environ.update(http_limits())  # this process is the trainer: its MLflow calls give up in ~30 s
     client = MlflowClient()
     run_id = os.environ["MLFLOW_RUN_ID"]
     try:
