@@ -29,6 +29,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             " fitted on the curves so far, marked 'unfinished' in the table",
             file=sys.stderr,
         )
+    for variant, said in zip(table["variant"], table.get("dropped", [""] * len(table)), strict=True):
+        if isinstance(said, str) and said:  # bad points (analysis.loo.bad_points), each named in the table's note
+            print(f"warning: {variant}: {said}", file=sys.stderr)
     return 0
 
 
@@ -44,7 +47,7 @@ def ui_address(campaign: str, uri: str) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from analysis.loo import load_curves, read_curves
+    from analysis.loo import bad_points, load_curves, read_curves
     from analysis.planner import plan
     from runners.ops.campaign import expand, fit_settings, load_campaign
     from runners.ops.store import default_tracking_uri
@@ -58,6 +61,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         uri = args.tracking_uri or default_tracking_uri()
         curves = load_curves(camp.name, uri, {s.run_key for s in expand(camp)})
+    curves, dropped = bad_points(curves, cfg.x)
+    for why in dropped["why"]:
+        print(f"warning: left out: {why}", file=sys.stderr)
     print(plan(curves, cfg.x, args.margin if args.margin is not None else cfg.margin, cfg.last_k).text())
     return 0
 

@@ -68,7 +68,7 @@ def load_curves(
         df["run_id"] = run.info.run_id
         df["done"] = store.is_done(run)
         df["stopped"] = tags.get(store.STOP_DECISION, "") if store.is_stopped(run) else ""
-        frames.append(df.dropna(subset=[MEAN_AT_16]))
+        frames.append(df[df["step"].isin(cols[MEAN_AT_16].index)])  # a logged NaN stays, to be named (bad_points)
     if not frames:
         raise ValueError(f"campaign {campaign!r} has no validation curves yet")
     cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done", "stopped"]
@@ -98,12 +98,20 @@ def read_curves(path: Path, fit: FitSpec = None) -> pd.DataFrame:
     x = fit_settings(fit).x
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
-    curves = pd.read_csv(path)
+    try:
+        curves = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: an empty file; a curves.csv has a header and a row per evaluation") from None
     missing = [c for c in ("run", "variant", "axis", "seed", "step", MEAN_AT_16, x) if c not in curves]
     if missing:
         raise ValueError(
             f"{path}: missing column(s) {', '.join(map(repr, missing))} (a curves.csv as `analysis fit` writes it has"
             f" {', '.join(['run', 'variant', 'axis', 'seed', 'step', *CURVE_METRICS])})"
+        )
+    if curves.empty:
+        raise ValueError(
+            f"{path}: a header and no rows: no evaluation to fit; write it again from the campaign's store "
+            "(`python -m analysis fit CAMPAIGN` writes artifacts/campaigns/CAMPAIGN/fit/curves.csv)"
         )
     run_col = "run_id" if "run_id" in curves else "run"  # names repeat across versions of a campaign; ids do not
     rep = curves[curves.duplicated([run_col, "step"])]
@@ -190,6 +198,7 @@ def campaign_model(curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000
     (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
     cfg, a_grid = _fit_config(fit, warn=False)
     x, y = cfg.x, MEAN_AT_16
+    curves = bad_points(curves, x)[0]
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     budgets = {v: float(g[x].max()) for v, g in groups.items()}
     failed = {v: f"no fit: {why}" for v, g in groups.items() if (why := _spliced(g, x))}
@@ -249,6 +258,9 @@ def fit_table(
     """
     cfg, a_grid = _fit_config(fit)
     x, y = cfg.x, MEAN_AT_16
+    curves, dropped = bad_points(curves, x)  # each named in its variant's note; the other points are fitted
+    if curves.empty:
+        raise ValueError(f"no evaluation to fit: every point is bad ({dropped['why'].iloc[0]}, ...)")
     model = campaign_model(curves, fit, n_boot)
     fits, fcs = model.fits, model.forecasts
     rows = []
@@ -293,7 +305,7 @@ def fit_table(
             except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
                 row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
         rows.append(row)
-    table = pd.DataFrame(rows)
+    table = pd.DataFrame(_note_dropped(rows, dropped))
     if "baseline" in fits:
         verdicts, b_shared = [], []
         for v in table["variant"]:
@@ -443,6 +455,47 @@ def _unfinished(g: pd.DataFrame) -> int:
     return int(g.loc[~ended, "seed"].nunique())  # one run per seed (``_one_run_per_seed``)
 
 
+def bad_points(curves: pd.DataFrame, x: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The points a curve can hold, and those it cannot (``variant``, ``why``: run, step, column and
+    value): a mean@16 that is not a pass rate in [0, 1] (NaN included), or compute (``x``) that is not
+    a finite number >= 0. Left out by name, one bad point spoils neither its variant nor, through the
+    campaign's shared R0, every other one."""
+    y = pd.to_numeric(curves[MEAN_AT_16], errors="coerce")
+    c = pd.to_numeric(curves[x], errors="coerce")
+    bad_y, bad_c = ~y.between(0, 1), ~(np.isfinite(c) & (c >= 0))
+    rows = []
+    for i in curves.index[bad_y | bad_c]:
+        col = MEAN_AT_16 if bad_y[i] else x
+        rows.append({"variant": curves.at[i, "variant"], "why": _bad_point(curves.loc[i], col, float(c[i]))})
+    good = ~(bad_y | bad_c)
+    return curves[good].assign(**{MEAN_AT_16: y[good], x: c[good]}), pd.DataFrame(rows, columns=["variant", "why"])
+
+
+def _bad_point(r: pd.Series, col: str, c: float) -> str:
+    """A bad point named (run, step, column, value) with what is wrong with it: its mean@16, or its compute ``c``."""
+    run = r["run"] if "run" in r else f"{r['variant']}/seed{r['seed']}"
+    if col == MEAN_AT_16:
+        why = "is not a pass rate in [0, 1]"
+    else:
+        why = "is negative: compute spent starts at 0 and only grows" if c < 0 else "is not a finite number"
+    v = r[col]
+    return f"{run} step {r['step']}: {col} = {f'{v:g}' if isinstance(v, float) else repr(v)} {why}"
+
+
+def _note_dropped(rows: list[dict[str, Any]], dropped: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's rows with each variant's bad points (``bad_points``): every one in its note, the
+    first three in ``dropped`` (the Markdown table's); a variant with no point left gets a row."""
+    whys = {v: list(w) for v, w in dropped.groupby("variant")["why"]}
+    for row in rows:
+        if row["variant"] in whys:
+            w = whys.pop(row["variant"])
+            said = f"{len(w)} bad point(s) left out: {'; '.join(w)}"
+            brief = f"{len(w)} bad point(s) left out: {'; '.join(w[:3])}" + ("; …" if len(w) > 3 else "")
+            row.update(dropped=brief, note="; ".join(filter(None, [row.get("note", ""), said])))
+    left = [{"variant": v, "seeds": 0, "points": 0, "note": "no fit: every point is bad"} for v in whys]
+    return rows + _note_dropped(left, dropped[dropped["variant"].isin(whys)]) if left else rows
+
+
 def _spliced(g: pd.DataFrame, x: str) -> str | None:
     """Why a variant's curves cannot be fitted because a seed's compute falls as its step rises
     (two runs spliced into one history), or None."""
@@ -581,6 +634,8 @@ def to_markdown(table: pd.DataFrame) -> str:
             final += f" ({last:.3f})"
         if r.get("unfinished", 0) > 0:  # a partial curve: its last value is not the run's final one
             final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
+        if _text(r.get("dropped")):  # points no curve can hold, left out of the fit by name
+            final += f" ({r['dropped']})"
         calls = ""
         if _text(r.get("half_call_text")) or _text(r.get("call_text")):
             calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
@@ -621,6 +676,7 @@ def extrapolation_check(
     """
     cfg, _ = _fit_config(fit)
     x, y, k = cfg.x, MEAN_AT_16, cfg.last_k
+    curves = bad_points(curves, x)[0]
     model = model or campaign_model(curves, fit, n_boot, fraction=frac)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
@@ -766,6 +822,7 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = 
     as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
     cfg = _fit_config(fit)[0]
     x = cfg.x
+    curves = bad_points(curves, x)[0]
     unfitted = {
         v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
     }

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
+from runners.contract import MEAN_AT_16
 from scalefit.curve import sigmoid
 from scalefit.synthetic import synthetic_curve
 from tests.conftest import empty_store
@@ -281,6 +283,104 @@ def test_a_spliced_run_whose_compute_goes_backwards_is_not_fitted():
     table, extra = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
     note = table.set_index("variant").loc["fp32=off", "note"]
     assert "goes backwards" in note and "seed 1" in note and "fp32=off" not in extra["fits"]
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "results" / "loo-cpu" / "curves.csv"  # R0 shared by 5 variants
+
+
+def _planted(curves: pd.DataFrame) -> pd.DataFrame:
+    """loo-cpu's recorded curves with two bad points: a NaN mean@16 at step 0 of one baseline seed, and a
+    negative compute at step 15 of zero_variance=off."""
+    bad = curves.copy()
+    bad.loc[(bad["variant"] == "baseline") & (bad["seed"] == 0) & (bad["step"] == 0), MEAN_AT_16] = np.nan
+    bad.loc[(bad["variant"] == "zero_variance=off") & (bad["step"] == 15), "compute/samples"] = -5.0
+    return bad
+
+
+def test_one_bad_point_is_left_out_by_name_and_spoils_no_other_curve():
+    """Issue 42, item 4: a NaN mean@16 at step 0 of one baseline seed made the campaign's shared R0 NaN, so
+    every variant got "no fit: r0 must lie in [0, 1], got nan"; a negative compute was blamed on two runs
+    spliced. Each bad point is left out by name (run, step, value): what the clean file fits still fits."""
+    from runners.ops.campaign import load_campaign
+
+    fit = load_campaign("loo-cpu").fit
+    clean = read_curves(RECORDED, fit)
+    t = fit_table(_planted(clean), fit, n_boot=50)[0].set_index("variant")
+    c = fit_table(clean, fit, n_boot=50)[0].set_index("variant")
+    assert t["A"].notna().to_dict() == c["A"].notna().to_dict() and t["A"].notna().sum() == 4
+    assert (t["A"] - c["A"]).abs().max() < 0.05  # one point fewer, not another fit
+    assert t.loc["baseline", "note"].endswith(
+        "1 bad point(s) left out: baseline/seed0 step 0: val/mean_at_16 = nan is not a pass rate in [0, 1]"
+    )
+    note = t.loc["zero_variance=off", "note"]
+    assert "zero_variance=off/seed0 step 15: compute/samples = -5 is negative" in note and "spliced" not in note
+    md = to_markdown(t.reset_index())
+    assert "(1 bad point(s) left out: baseline/seed0 step 0" in md.split("| baseline |")[1].split("\n")[0]
+
+
+def test_a_curve_with_every_point_bad_is_named_and_the_others_fit():
+    df = curves({"baseline": (2542, 1.92, 0.61), "lr=nan": (2542, 1.92, 0.61)})
+    df.loc[df["variant"] == "lr=nan", MEAN_AT_16] = np.nan
+    t = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50)[0].set_index("variant")
+    assert not np.isnan(t.loc["baseline", "A"])
+    assert t.loc["lr=nan", "note"].startswith("no fit: every point is bad; 162 bad point(s) left out: lr=nan/seed0")
+    with pytest.raises(ValueError, match="no evaluation to fit: every point is bad"):
+        fit_table(df[df["variant"] == "lr=nan"], {"x": X}, n_boot=50)
+
+
+def test_a_curves_file_without_rows_is_one_line(tmp_path, cli):
+    """A header-only curves.csv gave `KeyError: 'variant'`; an empty one, pandas' words without the file's name."""
+    (tmp_path / "header.csv").write_text(RECORDED.read_text().splitlines()[0] + "\n")
+    (tmp_path / "empty.csv").write_text("")
+    for name, line in (("header", "a header and no rows: no evaluation to fit"), ("empty", "an empty file")):
+        r = cli("analysis", "fit", "loo-cpu", "--curves", str(tmp_path / f"{name}.csv"), "--out", str(tmp_path))
+        assert r.returncode == 2 and r.stderr.startswith(f"error: {tmp_path / name}.csv: {line}"), r.stderr
+        assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "loo_table.csv").exists()
+
+
+@pytest.mark.slow
+def test_analysis_fit_warns_of_each_bad_point_it_left_out(tmp_path, cli):
+    """`analysis fit --curves` with a NaN and a negative compute: the fit ends (exit 0) with a warning line
+    naming each variant's bad points, and every variant the clean file fits is fitted."""
+    path = tmp_path / "curves.csv"
+    _planted(pd.read_csv(RECORDED)).to_csv(path, index=False)
+    r = cli("analysis", "fit", "loo-cpu", "--curves", str(path), "--out", str(tmp_path / "fit"))
+    assert r.returncode == 0, r.stderr
+    warned = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert warned == [
+        "warning: baseline: 1 bad point(s) left out: baseline/seed0 step 0: val/mean_at_16 = nan is not a pass "
+        "rate in [0, 1]",
+        "warning: zero_variance=off: 1 bad point(s) left out: zero_variance=off/seed0 step 15: compute/samples = -5 "
+        "is negative: compute spent starts at 0 and only grows",
+    ]
+    assert pd.read_csv(tmp_path / "fit" / "loo_table.csv")["A"].notna().sum() == 4
+
+
+def test_a_nan_logged_to_mlflow_is_named_not_dropped_in_silence(tmp_path, store_template):
+    """A NaN mean@16 logged to the store reaches the fit, which names it (``bad_points``); a step where
+    only compute was logged is no evaluation."""
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from runners.ops import store
+
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    exp = client.create_experiment("nan")
+    tags = {store.RUN_ID: "k", store.VARIANT: "baseline", store.AXIS: "", store.SEED: "0", store.DONE: "1"}
+    rid = client.create_run(exp, tags=tags, run_name="baseline/seed0").info.run_id
+    values = {0: float("nan"), 10: 0.5, 20: 0.6}
+    client.log_batch(
+        rid,
+        metrics=[Metric(MEAN_AT_16, v, 0, s) for s, v in values.items()]
+        + [Metric("compute/samples", 128.0 * s, 0, s) for s in (0, 5, 10, 20)],
+    )
+    got = load_curves("nan", uri)
+    assert got["step"].tolist() == [0, 10, 20]
+    from analysis.loo import bad_points
+
+    (why,) = bad_points(got, "compute/samples")[1]["why"]
+    assert why == "baseline/seed0 step 0: val/mean_at_16 = nan is not a pass rate in [0, 1]"
 
 
 def test_run_report_flags_compute_that_goes_backwards():
