@@ -462,13 +462,14 @@ def bad_points(curves: pd.DataFrame, x: str) -> tuple[pd.DataFrame, pd.DataFrame
     campaign's shared R0, every other one."""
     y = pd.to_numeric(curves[MEAN_AT_16], errors="coerce")
     c = pd.to_numeric(curves[x], errors="coerce")
-    bad_y, bad_c = ~y.between(0, 1), ~(np.isfinite(c) & (c >= 0))
+    bad_y, bad_c = (~y.between(0, 1)).to_numpy(), (~(np.isfinite(c) & (c >= 0))).to_numpy()
     rows = []
-    for i in curves.index[bad_y | bad_c]:
+    for i in np.flatnonzero(bad_y | bad_c):  # by position: an index may repeat (frames joined in a notebook)
         col = MEAN_AT_16 if bad_y[i] else x
-        rows.append({"variant": curves.at[i, "variant"], "why": _bad_point(curves.loc[i], col, float(c[i]))})
+        rows.append({"variant": curves["variant"].iloc[i], "why": _bad_point(curves.iloc[i], col, float(c.iloc[i]))})
     good = ~(bad_y | bad_c)
-    return curves[good].assign(**{MEAN_AT_16: y[good], x: c[good]}), pd.DataFrame(rows, columns=["variant", "why"])
+    clean = curves[good].assign(**{MEAN_AT_16: y.to_numpy()[good], x: c.to_numpy()[good]})
+    return clean, pd.DataFrame(rows, columns=["variant", "why"])
 
 
 def _bad_point(r: pd.Series, col: str, c: float) -> str:
