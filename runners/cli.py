@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from runners.modes import GroupError, restricted
 from runners.ops.campaign import CampaignError, load_campaign
 from runners.ops.locks import Busy, die_with_parent
 from runners.ops.postgres import PostgresError
@@ -103,6 +104,7 @@ def launch_distributed(args: argparse.Namespace, recipe, n: int, run_dir: Path) 
     cmd += ["-m", "runners", "train", args.recipe, *[f"--set={s}" for s in args.set or []]]
     cmd += ["--run-dir", str(run_dir)]
     cmd += ["--untracked"] if args.untracked else ["--experiment", args.experiment]
+    cmd += ["--new-store"] if args.new_store else []  # rank 0 makes the single run's store, where asked
     if recipe.model.size is not None:  # build the base model once, here, not in every process
         from runners.task.basemodel import ensure_base_model
 
@@ -152,7 +154,7 @@ def _train(args: argparse.Namespace, recipe, run_dir: Path) -> int:
         from runners.ops.tracking import tracked_train
 
         if not os.environ.get("MLFLOW_RUN_ID"):  # a single run: its own MLflow run, like a campaign's child
-            run_id, tracked_done = _single_run(recipe, run_dir, args.experiment)
+            run_id, tracked_done = _single_run(recipe, run_dir, args.experiment, args.new_store)
             done = finished(run_dir)
             if tracked_done and done is not None:
                 log(
@@ -189,23 +191,41 @@ def _leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _single_run(recipe, run_dir: Path, experiment: str) -> tuple[str, bool]:
+def _single_run(recipe, run_dir: Path, experiment: str, new_store: bool = False) -> tuple[str, bool]:
     """The MLflow run of a single tracked run: the one of the same identity and run folder (it
-    resumes, as the folder does), else a new one; and whether it is done."""
+    resumes, as the folder does), else a new one; and whether it is done. A store is created only
+    where asked for (``store.store_to_write``); a folder whose run is tracked in another store is
+    refused, or with ``new_store`` set aside and trained again. The folder records its store."""
     from mlflow.tracking import MlflowClient
 
     from runners.identity import run_key
     from runners.ops import store
     from runners.ops.campaign_runs import new_run
+    from runners.runfolder import has_history, recorded_store, remember_store, set_aside
 
-    client = MlflowClient(store.default_tracking_uri())
-    exp_id = store.experiment_id(client, experiment, create=True)
+    uri = store.store_to_write(store.default_tracking_uri(), new_store=new_store)
+    db = store.sqlite_file(uri)
+    client = None if db is not None and not db.exists() else MlflowClient(uri)
+    exp_id = None if client is None else store.experiment_id(client, experiment)
     folder = str(run_dir.resolve())
     key = run_key(recipe, run_dir=folder)
-    run = store.identified_runs(client, exp_id).get(key)
+    run = store.identified_runs(client, exp_id).get(key) if exp_id else None
+    held = recorded_store(run_dir) if run is None and has_history(run_dir) else None
+    if held not in (None, store.store_key(uri)):
+        if not new_store:
+            raise RunFolderError(
+                f"{folder} holds a run tracked in the store {held}, not in {uri}: point MLFLOW_TRACKING_URI at "
+                f"that store, or copy its runs here first (make import SRC={store.sqlite_file(held) or held}), or "
+                f"pass {store.NEW_STORE} to train it again into this store (its files are set aside in the folder)"
+            )
+        print(f"{folder} held a run of {held}; set aside in {set_aside(run_dir, 'other-store')}", flush=True)
+    store.create_store(uri)
+    client = client or MlflowClient(uri)
+    exp_id = store.experiment_id(client, experiment, create=True)
     if run is None:
         name = f"{recipe.name}/seed{recipe.train.seed}"
         run = new_run(client, exp_id, recipe, name=name, run_key=key, tags={store.RUN_DIR: folder})
+    remember_store(run_dir, store.store_key(uri), run.info.run_id)
     return run.info.run_id, store.is_done(run)
 
 
@@ -232,6 +252,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         only_axis=args.axis,
         dry_run=args.dry_run,
         resume_stopped=args.resume_stopped,
+        new_store=args.new_store,
         log=lambda m: print(m, flush=True),
     )
     if args.dry_run:
@@ -410,6 +431,12 @@ def device_count(text: str) -> int:
     return n
 
 
+NEW_STORE_HELP = (
+    "create the SQLite store MLFLOW_TRACKING_URI names if it does not exist (only ./mlflow.db is created "
+    "without it), and train again into it runs whose folders hold runs of another store (set aside)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runners", description="RL runs of ScaleRL-style recipes on TRL.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -452,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="MLflow experiment of a single run (default 'runs'; a campaign's runs are its children)",
     )
     t.add_argument("--untracked", action="store_true", help="write metrics.jsonl only, no MLflow run")
+    t.add_argument("--new-store", action="store_true", help=NEW_STORE_HELP)
     t.add_argument(
         "--gpus",
         type=device_count,
@@ -478,6 +506,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue runs an adaptive campaign stopped, from their last checkpoint to the full budget",
     )
     c.add_argument("--dry-run", action="store_true", help="list every run, its identity and status; run nothing")
+    c.add_argument("--new-store", action="store_true", help=NEW_STORE_HELP)
     c.set_defaults(func=cmd_campaign)
     i = sub.add_parser(
         "import",
@@ -528,8 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # a campaign's trainer does not outlive its campaign (kill -9 included)
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        private = args.command in ("train", "campaign", "import", "ui")  # commands that may create a store
+        with restricted() if private else contextlib.nullcontext():  # private to its owner, or PRL_GROUP's
+            return args.func(args)
     except (
+        GroupError,
         RecipeError,
         CampaignError,
         FileNotFoundError,

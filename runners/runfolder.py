@@ -6,7 +6,9 @@ other settings gets a folder of its own. The identity is also written into the f
 (``identity.json``, at its creation), and a run whose identity differs from the folder's is
 refused in one line naming the keys that differ. ``done.json`` there means the run is finished:
 nothing left to train. The process that trains a folder holds its lock for the whole run
-(``runners.ops.locks.writer``).
+(``runners.ops.locks.writer``). ``store.json`` names the MLflow store (and run) the folder's run
+is tracked in, so that a campaign pointed at another store can say so (``remember_store``). A
+folder created here is private to its owner (``runners.modes``).
 
 Faults, each naming the folder and the fix: a folder this process cannot write (checked before
 anything loads), a disk that fills up mid-run, and a JSON-lines file appended to so that a line a
@@ -27,11 +29,13 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
-from runners.contract import DONE_FILE
+from runners.contract import DONE_FILE, STOP_FILE
 from runners.identity import code_version, run_key
+from runners.modes import make_dir
 from runners.recipe import Recipe, RecipeError, load_recipe
 from runners.task.sizes import base_model_path
 from runners.task.tasks import ArithmeticTask
@@ -64,7 +68,7 @@ def check_writable(folder: Path) -> None:
     folder = Path(folder)
     fix = "make it writable, or train into another folder (--run-dir)"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dir(folder)  # private (0700), or PRL_GROUP's
     except OSError as e:
         raise RunFolderError(f"cannot create the run folder {folder}: {e.strerror or e}; {fix}") from None
     for d in (folder, folder / "checkpoints", folder / "best"):
@@ -222,6 +226,41 @@ def claim(run_dir: Path, recipe: Recipe) -> None:
     tmp = run_dir / f"{IDENTITY_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(mine, indent=1) + "\n")
     tmp.replace(run_dir / IDENTITY_FILE)
+
+
+STORE_FILE = "store.json"  # the MLflow store (and run) the folder's run is tracked in
+HISTORY = ("metrics.jsonl", "samples.jsonl", "checkpoints", "best", DONE_FILE, STOP_FILE)
+
+
+def remember_store(run_dir: Path, store: str, run_id: str) -> None:
+    """Record in ``run_dir`` the store (``runners.ops.store.store_key``) and MLflow run it is tracked in."""
+    tmp = run_dir / f"{STORE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"store": store, "run_id": run_id}) + "\n")
+    tmp.replace(run_dir / STORE_FILE)
+
+
+def recorded_store(run_dir: Path) -> str | None:
+    """The store ``run_dir`` records its run in (``remember_store``), None if it records none."""
+    try:
+        return json.loads((run_dir / STORE_FILE).read_text())["store"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def has_history(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run's results: evaluations, checkpoints, or its end."""
+    return any((run_dir / name).exists() for name in ("metrics.jsonl", "checkpoints", DONE_FILE))
+
+
+def set_aside(run_dir: Path, prefix: str) -> Path:
+    """Move the run's results (``HISTORY``) and its store record into ``run_dir/PREFIX-<time>/``, so
+    that the run starts over in the folder; returns that folder."""
+    aside = run_dir / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside.mkdir()
+    for name in (*HISTORY, STORE_FILE):
+        if (run_dir / name).exists():
+            (run_dir / name).rename(aside / name)
+    return aside
 
 
 def finished(run_dir: Path) -> dict[str, Any] | None:

@@ -56,7 +56,7 @@ def campaign_wall(recipe: str, seeds: list[int], per_gpu: int, steps: int, work:
     sampler.start()
     t0 = time.perf_counter()
     summary = run_campaign(
-        path, runs_root=work / "runs", tracking_uri=f"sqlite:///{work / name}.db", log=lambda m: None
+        path, runs_root=work / "runs", tracking_uri=f"sqlite:///{work / name}.db", new_store=True, log=lambda m: None
     )
     wall = time.perf_counter() - t0
     stop.set()

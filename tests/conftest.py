@@ -231,7 +231,7 @@ def train_small_run(run_dir: Path, processes: int) -> list[dict]:
     """``runners train`` of :data:`SMALL_RUN` over ``processes`` (``--gpus``: DDP through accelerate,
     gloo on CPU, also on a GPU machine), tracked to ``mlflow.db`` beside ``run_dir``; its metrics records."""
     cmd = [sys.executable, "-m", "runners", "train", "scalerl", *[f"--set={s}" for s in SMALL_RUN]]
-    cmd += ["--run-dir", str(run_dir), "--gpus", str(processes)]
+    cmd += ["--run-dir", str(run_dir), "--gpus", str(processes), "--new-store"]  # the store beside it is new
     env = cpu_only_env(MLFLOW_TRACKING_URI=f"sqlite:///{run_dir.parent / 'mlflow.db'}")
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from runners.contract import STOP_FILE
 from runners.identity import code_version
+from runners.modes import make_dir
 from runners.ops import store, ui
 from runners.ops.campaign import (
     Campaign,
@@ -37,6 +38,7 @@ from runners.ops.campaign import (
 from runners.ops.local import Launch, command, run_folder, run_local
 from runners.ops.locks import hold
 from runners.recipe import Recipe
+from runners.runfolder import has_history, recorded_store, remember_store, set_aside
 
 
 def status_of(run: Run | None) -> str:
@@ -57,21 +59,27 @@ def run_campaign(
     runs_root: Path = Path("artifacts/campaigns"),
     tracking_uri: str | None = None,
     resume_stopped: bool = False,
+    new_store: bool = False,
     log=print,
 ) -> dict[str, Any]:
     """Run every to-do run of a campaign; returns a summary with failures (and, for an adaptive
     campaign, the compute its stops saved). Runs an adaptive campaign stopped stay stopped unless
-    ``resume_stopped``: then they continue from their last checkpoint to the full budget."""
+    ``resume_stopped``: then they continue from their last checkpoint to the full budget.
+    ``new_store``: create the SQLite store if it does not exist (``store.store_to_write``), and
+    train again into it the runs whose folders hold runs of another store (``_elsewhere``)."""
     camp = load_campaign(ref)
     specs = expand(camp, only_axis)
-    uri = tracking_uri or store.default_tracking_uri()
+    uri = store.canonical_uri(tracking_uri or store.default_tracking_uri())  # one file, one store
     if dry_run:
-        return _run_campaign(camp, specs, uri, only_axis, True, runs_root, resume_stopped, log)
+        return _run_campaign(camp, specs, uri, only_axis, True, runs_root, resume_stopped, log, new_store=new_store)
+    uri = store.store_to_write(uri, new_store=new_store)  # before the lock, which would make its folder
+    if (db := store.sqlite_file(uri)) is not None:
+        make_dir(db.parent)  # a new store's folder (--new-store): private, or PRL_GROUP's
     check_backend(camp)  # before the lock: a campaign that cannot run leaves nothing behind
     check_folders(camp, specs, runs_root)  # a read-only artifacts/ or base-model cache: likewise
     advice = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
     with hold(campaign_lock(camp.name, uri, runs_root), f"campaign {camp.name} on store {uri}", advice):
-        return _run_campaign(camp, specs, uri, only_axis, False, runs_root, resume_stopped, log)
+        return _run_campaign(camp, specs, uri, only_axis, False, runs_root, resume_stopped, log, new_store=new_store)
 
 
 def check_backend(camp: Campaign) -> None:
@@ -112,10 +120,11 @@ def check_folders(camp: Campaign, specs: list[RunSpec], runs_root: Path) -> None
 
 
 def campaign_lock(name: str, uri: str, runs_root: Path) -> Path:
-    """The lock of a campaign on a store: beside a SQLite store (whatever folder the campaign is run
-    from), else in the campaign's folder, one per store."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri.removeprefix("sqlite:///").split("?")[0])
+    """The lock of a campaign on a store: beside a SQLite store's own file (whatever folder the
+    campaign is run from, and whatever symlink or ``..`` reaches the file), else in the campaign's
+    folder, one per store."""
+    db = store.sqlite_file(store.canonical_uri(uri))
+    if db is not None:
         return db.with_name(f"{db.name}.{name.replace('/', '-')}.campaign.lock")
     return runs_root / name / f"campaign-{hashlib.sha256(uri.encode()).hexdigest()[:12]}.lock"
 
@@ -129,21 +138,40 @@ def _run_campaign(
     runs_root: Path,
     resume_stopped: bool,
     log,
+    *,
+    new_store: bool = False,
 ) -> dict[str, Any]:
     from runners.ops.watch import watched_server
 
-    client = MlflowClient(uri)
-    exp_id = store.experiment_id(client, camp.name)
+    db = store.sqlite_file(uri)
+    missing = db is not None and not db.exists()  # no store yet: nothing to read, and --dry-run creates none
+    client = None if missing else MlflowClient(uri)
+    exp_id = None if client is None else store.experiment_id(client, camp.name)
     existing = store.identified_runs(client, exp_id) if exp_id else {}
+    root = runs_root / camp.name
+    elsewhere = _elsewhere(specs, existing, root)
     log(f"campaign {camp.name}: {len(specs)} runs ({camp.kind}, seeds {camp.seeds}), tracking {uri}")
     for s in specs:
         log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
     if dry_run:
+        if missing:
+            log(f"no MLflow store at {db} yet (--dry-run creates none): {_creates(uri, new_store)}")
+        if elsewhere:
+            log(_elsewhere_line(camp, elsewhere, uri))
         return {"runs": len(specs), "dry_run": True}
+    if elsewhere and not new_store:
+        raise CampaignError(_elsewhere_line(camp, elsewhere, uri))
+    for s, folder in elsewhere:
+        held = recorded_store(folder) or "another store"
+        aside = set_aside(folder, "other-store")
+        log(f"  {s.variant} seed {s.seed}: its folder held a run of {held}; set aside in {aside}, trained again here")
+    if store.create_store(uri):
+        log(f"created the MLflow store {db} (mode {oct(db.stat().st_mode & 0o7777)[2:]})")
+    client = client or MlflowClient(uri)
     exp_id = store.experiment_id(client, camp.name, create=True)
     parent = _parent(client, exp_id, camp)
     ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # the UI opens on the curves
-    root = runs_root / camp.name
+    make_dir(root)  # private (0700), or PRL_GROUP's
     status = {s.run_key: status_of(existing.get(s.run_key)) for s in specs}
     skip = {"done"} if resume_stopped else {"done", "stopped"}
     todo = [s for s in specs if status[s.run_key] not in skip]
@@ -177,7 +205,11 @@ def _run_campaign(
 
         def prepare(spec: RunSpec) -> Launch:
             serving()
-            return command(spec, mlflow_run(spec).info.run_id, worker_uri, root)
+            run_id = mlflow_run(spec).info.run_id
+            make_dir(run_folder(root, spec))
+            launch = command(spec, run_id, worker_uri, root)
+            remember_store(launch.run_dir, store.store_key(uri), run_id)  # its store, not the server in front
+            return launch
 
         monitor = None
         if camp.adaptive is not None and not only_axis:
@@ -237,6 +269,36 @@ def _run_campaign(
         "campaign": camp,
         "adaptive": saved,
     }
+
+
+def _creates(uri: str, new_store: bool) -> str:
+    """What the campaign would do about a store that does not exist (``store.store_to_write``)."""
+    try:
+        store.store_to_write(uri, new_store=new_store)
+    except store.StoreError as e:
+        return f"the campaign would refuse: {e}"
+    return "the campaign creates it"
+
+
+def _elsewhere(specs: list[RunSpec], existing: dict[str, Run], root: Path) -> list[tuple[RunSpec, Path]]:
+    """The runs whose folder holds results (evaluations, checkpoints, its end) of an MLflow run this
+    store does not have: tracked in another store. Re-tracked from those folders they would be
+    runs marked done with a fraction of their metrics."""
+    return [(s, f) for s in specs if s.run_key not in existing and has_history(f := run_folder(root, s))]
+
+
+def _elsewhere_line(camp: Campaign, elsewhere: list[tuple[RunSpec, Path]], uri: str) -> str:
+    """One line: which folders hold runs of which other store, and the three ways on."""
+    stores = sorted({recorded_store(f) or "" for _, f in elsewhere} - {""})
+    where = f"the store {', '.join(stores)}" if stores else "another store"
+    src = store.sqlite_file(stores[0]) if len(stores) == 1 else None
+    more = f" and {len(elsewhere) - 1} more" if len(elsewhere) > 1 else ""
+    return (
+        f"campaign {camp.name}: the run folder {elsewhere[0][1]}{more} hold(s) runs tracked in {where}, not in "
+        f"{uri}: point MLFLOW_TRACKING_URI at that store, or copy its runs here first (make import SRC="
+        f"{src or 'THAT_STORE'}), or pass {store.NEW_STORE} to train them again into this store (their files "
+        "are set aside in each folder)"
+    )
 
 
 def new_run(client: MlflowClient, exp_id: str, recipe: Recipe, *, name: str, run_key: str, tags: dict[str, str]) -> Run:

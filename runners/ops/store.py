@@ -1,6 +1,8 @@
 """The MLflow contract: the tag and metric names runs are written and read by, and the few
 queries everyone needs (the default store, a campaign's runs and its parent run, a metric's
-history as a pandas Series).
+history as a pandas Series), and which store a run writes into: one file is one store whatever
+path reaches it (``canonical_uri``), and a new store is made only where asked for
+(``store_to_write``, ``create_store``).
 
 Runners write through these names and analysis reads through them; no other module spells a
 ``prl.*`` tag. The metric names are ``runners.contract``'s.
@@ -12,12 +14,15 @@ import contextlib
 import os
 import sqlite3
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 from mlflow.entities import Param, Run
 from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
 from mlflow.tracking import MlflowClient
 from mlflow.utils.uri import is_local_uri
+
+from runners.modes import make_dir, make_file
 
 DEFAULT_STORE = "mlflow.db"
 
@@ -81,6 +86,60 @@ def existing_store(uri: str) -> str:
     return uri
 
 
+NEW_STORE = "--new-store"  # the flag that asks for a store where there is none
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` URI as written (relative to the working folder if relative), else None."""
+    return Path(uri.removeprefix("sqlite:///").split("?")[0]) if uri.startswith("sqlite:///") else None
+
+
+def canonical_uri(uri: str) -> str:
+    """The URI of the store's own file: a ``sqlite:///`` path resolved (symlinks, ``..``, a relative
+    path), so that one file is one store whatever path reached it; any other URI unchanged."""
+    path = sqlite_file(uri)
+    if path is None:
+        return uri
+    query = uri.partition("?")[2]
+    return f"sqlite:///{path.resolve()}" + (f"?{query}" if query else "")
+
+
+def store_key(uri: str) -> str:
+    """What a run folder records as its store: the canonical URI, without a password."""
+    parts = urlsplit(canonical_uri(uri))
+    if parts.password is None:
+        return canonical_uri(uri)
+    host = parts.hostname or ""
+    netloc = f"{parts.username}@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def store_to_write(uri: str, *, new_store: bool = False) -> str:
+    """The canonical URI of the store a run or a campaign writes into. A SQLite file that does not
+    exist is refused (``StoreError``: one line naming the path and ``--new-store``) unless it is
+    the project's default store (``./mlflow.db``) or ``new_store`` asks for it: MLflow would
+    create a store at a mistyped path. Nothing is created here (``create_store`` does)."""
+    if is_local_uri(uri) and not MLFLOW_ALLOW_FILE_STORE.get():  # a path: MLflow's retired file store
+        raise StoreError(not_a_tracking_uri(uri))
+    canon = canonical_uri(uri)
+    path = sqlite_file(canon)
+    if path is None or path.exists() or new_store or path == Path(DEFAULT_STORE).resolve():
+        return canon
+    folder = "" if path.parent.is_dir() else f", and its folder {path.parent} does not exist"
+    raise StoreError(
+        f"no MLflow store at {path}{folder}: check the path (MLFLOW_TRACKING_URI), or pass {NEW_STORE} "
+        "to create a new store there"
+    )
+
+
+def create_store(uri: str) -> bool:
+    """Create the SQLite file of ``uri`` (and its folder) if missing, private to its owner
+    (``runners.modes``: 0600, or PRL_GROUP's 0660; SQLite gives its journal files the same mode);
+    MLflow fills it with its tables on first use. True if it was created."""
+    path = sqlite_file(uri)
+    return path is not None and make_file(path)
+
+
 def damage(path: Path) -> str | None:
     """What SQLite finds broken in the file at ``path`` (None when nothing): not a database, or a
     page ``PRAGMA quick_check`` cannot read (it reads every page: ~1.3 s for 300 MiB). A store
@@ -136,14 +195,22 @@ def read_client(tracking_uri: str | None = None) -> MlflowClient:
 
 def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> str | None:
     """The experiment of a campaign (one per campaign), created if asked, marked as one of training
-    runs so MLflow's UI opens its runs and charts (not the GenAI traces view)."""
+    runs so MLflow's UI opens its runs and charts (not the GenAI traces view). The local folder a
+    new experiment keeps its artifacts in (``./mlruns/ID`` beside a SQLite store) is made private
+    at once, as the store is (``runners.modes``)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if create and not exp.tags.get("mlflow.experimentKind"):
             for k, v in EXPERIMENT_KIND.items():
                 client.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
-    return client.create_experiment(name, tags=EXPERIMENT_KIND) if create else None
+    if not create:
+        return None
+    new = client.create_experiment(name, tags=EXPERIMENT_KIND)
+    location = client.get_experiment(new).artifact_location
+    if location.startswith(("/", "file:")):
+        make_dir(Path(location.removeprefix("file://").removeprefix("file:")))
+    return new
 
 
 def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:
