@@ -498,25 +498,28 @@ def test_static_kv_cache_samples_the_same_tokens_as_the_dynamic_one(tiny_base, t
     assert [s for s, _, _ in runs["static"][0]] == [0, 2]
 
 
-def test_the_static_cache_setting_reaches_generate(tiny_base, tmp_path):
-    """``model.generation_cache: static`` arrives at ``generate`` in both places that sample: TRL's
-    rollouts (the trainer's generation config) and evaluation (which takes the trainer's setting)."""
-    from runners.task.evaluation import evaluate
+def test_the_static_cache_setting_reaches_generate(tiny_base, tmp_path, monkeypatch):
+    """``model.generation_cache: static`` arrives at every ``generate`` of a real run, in both places
+    that sample: TRL's rollouts (the trainer's generation config) and evaluation (to which
+    runners/rl/train.py passes the trainer's setting). Each call's setting is read as ``generate``
+    resolves it: its keyword, else the generation config it is given, else the model's."""
+    import sys
 
-    trainer = make_trainer(tiny_base, make_recipe(model={"generation_cache": "static"}), tmp_path)
-    model, tok = trainer.model, trainer.processing_class
-    seen: list[str | None] = []
-    generate = model.generate
+    from transformers.generation.utils import GenerationMixin
 
-    def recording_generate(*args, **kwargs):  # the real generate, its cache setting recorded
-        config = kwargs.get("generation_config")
-        seen.append(kwargs.get("cache_implementation") or getattr(config, "cache_implementation", None))
-        return generate(*args, **kwargs)
+    from runners.rl.train import train
 
-    model.generate = recording_generate
-    trainer.model.train()
-    trainer._generate_single_turn([tok("Q: 1+1\n")["input_ids"]] * G, None, {}, G)
-    assert seen == ["static"]
-    rows = [{"prompt": "Q: 1+1\n", "answer": "2"}]
-    evaluate(model, tok, rows, samples=2, max_new_tokens=4, cache_implementation=trainer.args.cache_implementation)
-    assert seen == ["static", "static"]
+    seen: list[tuple[str, str | None]] = []  # (the calling module, the cache it generates with)
+    generate = GenerationMixin.generate
+
+    def recording_generate(self, *args, **kwargs):  # the real generate, its caller and cache setting recorded
+        config = kwargs.get("generation_config") or self.generation_config
+        cache = kwargs.get("cache_implementation", getattr(config, "cache_implementation", None))
+        seen.append((sys._getframe(1).f_globals["__name__"], cache))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
+    train(make_recipe(model={"generation_cache": "static"}), tmp_path / "run", log=lambda m: None)
+    callers = {caller for caller, _ in seen}
+    assert "runners.task.evaluation" in callers and any(c.startswith("trl.") for c in callers), callers
+    assert {cache for _, cache in seen} == {"static"}, seen

@@ -44,6 +44,22 @@ def store_from_curves(csv: Path, uri: str, name: str) -> None:
         client.log_batch(run.info.run_id, metrics=points)
 
 
+RECORD_FIGURES = """
+import json
+import matplotlib.figure
+FIGURES = []  # per figure saved: (label, points drawn) of each labelled line and collection of its axes
+_savefig = matplotlib.figure.Figure.savefig
+def _recording_savefig(fig, *args, **kwargs):
+    FIGURES.append([
+        (a.get_label(), len(a.get_xdata()) if hasattr(a, "get_xdata") else len(a.get_offsets()))
+        for ax in fig.axes for a in (*ax.lines, *ax.collections) if not a.get_label().startswith("_")
+    ])
+    return _savefig(fig, *args, **kwargs)
+matplotlib.figure.Figure.savefig = _recording_savefig
+"""  # run before the notebook, in its kernel: the real savefig, what it saves recorded
+SHOW_FIGURES = "print(json.dumps(FIGURES))"  # run after it
+
+
 @pytest.fixture
 def published(tmp_path, store_template):
     """A store of results/loo-gpu's curves in tmp/project/mlflow.db and a campaign file whose fit:
@@ -75,7 +91,10 @@ def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, t
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("PRL_CAMPAIGN", str(campaign))
     nb = nbformat.read(source / "loo.ipynb", as_version=4)
+    nb.cells = [nbformat.v4.new_code_cell(RECORD_FIGURES), *nb.cells, nbformat.v4.new_code_cell(SHOW_FIGURES)]
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(elsewhere)}}).execute()
+    figures = json.loads(nb.cells.pop()["outputs"][0]["text"])  # what each saved figure drew
+    nb.cells.pop(0)
 
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
@@ -86,10 +105,16 @@ def test_the_notebook_is_make_fit_number_for_number_from_any_folder(published, t
 
     runs = next(o["data"]["text/plain"] for o in outputs if "completions" in o.get("data", {}).get("text/plain", ""))
     assert "device_hours" in runs and "tokens" in runs
-    variants = set(pd.read_csv(PUBLISHED)["variant"])
-    drawn = printed.split("fitted: ", 1)[1]
-    assert all(v in drawn for v in variants)  # every variant is drawn, with a fit or as points
+    published_curves = pd.read_csv(PUBLISHED)
+    variants = set(published_curves["variant"])
     assert any("image/png" in o.get("data", {}) for o in outputs)
+    (figure,) = figures  # the notebook's one figure: every variant is drawn in it, with a fit or as points
+    for v in variants:
+        drawn = [(label, n) for label, n in figure if label.startswith(f"{v}: ")]
+        assert drawn and all(n > 0 for _, n in drawn), (v, figure)
+        points_only = dict(drawn).get(f"{v}: no fit")
+        if points_only is not None:  # a variant without a fit: every one of its evaluations
+            assert points_only == (published_curves["variant"] == v).sum(), (v, figure)
 
     expected = pd.read_csv(out / "extrapolation.csv")
     assert expected["predicted"].notna().sum() >= len(variants) - 1  # a real check: the variants are fitted
