@@ -8,20 +8,21 @@ from pathlib import Path
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from analysis.loo import read_curves, to_markdown, write_fit, write_report
-    from runners.ops.campaign import expand, load_campaign
+    from analysis.loo import read_curves, write_fit, write_report
+    from analysis.summary import summary
+    from runners.ops.campaign import expand, fit_settings, load_campaign
     from runners.ops.store import default_tracking_uri
 
     camp = load_campaign(args.campaign)
     out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
+    ui = None
     if args.curves:
         table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
-        print(to_markdown(table))
-        print(f"LOO table → {out / 'loo_table.md'}, plot and extrapolation check → {out}/")
     else:
         uri = args.tracking_uri or default_tracking_uri()
         table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
-        print(ui_address(camp.name, uri))
+        ui = ui_address(camp.name, uri)
+    print(summary(table, out, margin=fit_settings(camp.fit).margin, title=camp.name, ui=ui), end="")
     unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
     if unfinished:
         print(
@@ -35,15 +36,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def ui_address(campaign: str, uri: str) -> str:
-    """Where MLflow's UI shows a campaign's curves (``runners.ops.ui``): on the tracking server, or
-    on ``make ui``'s default port over a local store."""
+def ui_address(campaign: str, uri: str) -> tuple[str, str]:
+    """How to reach a campaign's curves in MLflow's UI and their address (``runners.ops.ui``): on the
+    tracking server, or on ``make ui``'s default port over a local store."""
     from runners.ops import store, ui
 
     exp_id = store.experiment_id(store.read_client(uri), campaign)
     if uri.startswith(("http://", "https://")):
-        return f"curves in MLflow's UI: {ui.campaign_url(uri, exp_id)}"
-    return f"curves in MLflow's UI: make ui, then open {ui.campaign_url('http://127.0.0.1:5000', exp_id)}"
+        return "on the tracking server", ui.campaign_url(uri, exp_id)
+    return "make ui, then open", ui.campaign_url("http://127.0.0.1:5000", exp_id)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -861,7 +861,6 @@ def write_report(
     mechanisms = evidence.acted(evidence.mechanism_runs(curves, client), identical)
     mechanisms.to_csv(out / "mechanisms.csv", index=False)
     (out / "mechanisms.md").write_text(evidence.to_markdown(mechanisms))
-    log(to_markdown(table))
     if parent_run_id is None:
         parent = store.parent_run(client, store.experiment_id(client, campaign))
         parent_run_id = parent.info.run_id if parent else None
@@ -870,5 +869,4 @@ def write_report(
         for name in (*names, "mechanisms.md", "mechanisms.csv"):
             if (out / name).is_file():
                 client.log_artifact(parent_run_id, str(out / name), "loo")
-    log(f"LOO table → {out / 'loo_table.md'}, curves → {out / 'curves.csv'}, plot → {out / 'loo_curves.png'}")
     return table

@@ -86,6 +86,7 @@ def compare_fits(
     if fb is not None and fcand is not None:
         k = min(len(fb.samples), len(fcand.samples))
         d = fcand.samples[:k, 0] - fb.samples[:k, 0]
+        d = d - np.median(d) + (a2 - a1)  # the paired spread around the difference of the fits shown
         lo, hi = np.percentile(d, central_percentiles(fb.level))
         delta = (float(lo), float(hi))
     if abs(a1 - a2) > margin:
@@ -133,7 +134,8 @@ def _compare_at_budget(
         fb, fc = forecasts
         d_b, d_c = fb.mean_draws([budget])[:, 0], fc.mean_draws([budget])[:, 0]
         k = min(len(d_b), len(d_c))
-        lo, hi = np.percentile(d_c[:k] - d_b[:k], central_percentiles(fb.level))
+        d = d_c[:k] - d_b[:k]
+        lo, hi = np.percentile(d - np.median(d) + (v2 - v1), central_percentiles(fb.level))
         delta = (float(lo), float(hi))
     how = f"no asymptote to compare ({baseline.name.replace('_', ' ')}): predicted values at the budget {budget:.4g}"
     if abs(v1 - v2) > margin:

@@ -66,7 +66,7 @@ def test_the_address_make_ui_prints_opens_on_the_campaigns_curves(campaign_store
     assert not concurrent_campaign["failures"]
     fit = subprocess.run([sys.executable, "-m", "analysis", "fit", str(path)], capture_output=True, text=True)
     assert fit.returncode == 0, fit.stderr
-    assert "curves in MLflow's UI: make ui, then open http://127.0.0.1:5000/#/experiments/" in fit.stdout
+    assert "curves in MLflow's UI: make ui, then open\nhttp://127.0.0.1:5000/#/experiments/" in fit.stdout
     client = MlflowClient(campaign_store)
     exp_id = client.get_experiment_by_name("concurrent").experiment_id
     parent = prl_store.parent_run(client, exp_id).info.run_id
