@@ -92,7 +92,8 @@ def checksums(ckpt: Path) -> dict[str, str]:
 def _changed(ckpt: Path) -> str | None:
     """Which file of a checkpoint differs from its save (None when none does, or when the
     checkpoint was written before checksums were recorded)."""
-    recorded = json.loads((ckpt / STATE_FILE).read_text()).get(CHECKSUMS)
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    recorded = state.get(CHECKSUMS) if isinstance(state, dict) else None
     if not recorded:
         return None
     now = checksums(ckpt)
