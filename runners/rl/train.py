@@ -93,7 +93,9 @@ def _changed(ckpt: Path) -> str | None:
     """Which file of a checkpoint differs from its save (None when none does, or when the
     checkpoint was written before checksums were recorded)."""
     state = json.loads((ckpt / STATE_FILE).read_text())
-    recorded = state.get(CHECKSUMS) if isinstance(state, dict) else None
+    if not isinstance(state, dict):
+        return f"{STATE_FILE} unreadable (not a JSON object)"
+    recorded = state.get(CHECKSUMS)
     if not recorded:
         return None
     now = checksums(ckpt)
