@@ -13,9 +13,10 @@ from runners.contract import MEAN_AT_16
 from runners.ops.campaign import CampaignError, fit_settings
 from scalefit import fit_sigmoid, forecast
 from scalefit.curve import sigmoid
+from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.forecast import Backtest
 from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.pooled_forecast import MIN_BACKTESTS, call_difference, forecast_campaign
 from scalefit.synthetic import campaign_runs
 
 A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
@@ -28,7 +29,7 @@ def _curves(df: pd.DataFrame) -> dict:
 def _fit(df: pd.DataFrame, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return fit_campaign(_curves(df), a_grid=A_GRID, **kw)
+        return fit_campaign(_curves(df), **{"a_grid": A_GRID, **kw})
 
 
 def test_pooling_recovers_a_shared_B_that_each_curve_alone_cannot_pin():
@@ -185,23 +186,31 @@ def test_the_loo_table_says_which_fit_it_used_and_pooling_none_keeps_the_per_var
 
 
 def test_an_extrapolated_call_needs_a_bounded_asymptote_and_a_checked_extrapolation():
-    """Fitted on points before the knee, a variant's asymptote is a guess: half a budget's call
-    says "cannot tell yet" and why, however far apart the guesses lie (loo-cpu40 called four
-    variants "worse" by 0.12 from there; at the budget they were no different). Past the knee the
-    same difference is called."""
+    """Past its fitted data a difference is the fit's guess until the campaign has checked its
+    extrapolations (loo-cpu40 called four variants "worse" by 0.12 from before the knee; at the
+    budget they were no different). Fitted past the knee, with A bounded, but before any backtest
+    past the knee: the resamples put the difference wholly beyond the margin, and the unchecked
+    extrapolation alone holds the call back, so losing that rule shows as a call, whatever the
+    reason says. With backtests past the knee the same difference is called."""
+    budget = 40_000.0
     truth = {"baseline": (8000, 1.9, 0.70), "worse": (8000, 1.9, 0.55), "v2": (8000, 1.9, 0.65), "v3": (8000, 1.9, 0.6)}
-    df = campaign_runs(truth, seeds=2, c_max=40_000, n_points=41, drift_sd=0.004, seed_sd=0.004, seed=2)
-    budgets = dict.fromkeys(truth, 40_000.0)
+    df = campaign_runs(truth, seeds=2, c_max=budget, n_points=41, drift_sd=0.004, seed_sd=0.004, seed=2)
 
     def call(upto: float):
-        cfit = _fit(df, fit_upto=dict.fromkeys(truth, upto))
-        fcs = forecast_campaign(cfit, target=budgets, n_resamples=200)
-        return call_difference(fcs["worse"], fcs["baseline"], 40_000.0)
+        """The call of "worse" against the baseline at the budget, fitted up to ``upto``; the
+        campaign's backtests past the knee; whether the resamples put the difference below -margin."""
+        fcs = forecast_campaign(
+            _fit(df, fit_upto=dict.fromkeys(truth, upto)), target=dict.fromkeys(truth, budget), n_resamples=200
+        )
+        d = fcs["worse"].mean_draws([budget])[:, 0] - fcs["baseline"].mean_draws([budget])[:, 0]
+        beyond = bool(np.percentile(d, 97.5) < -DEFAULT_MARGIN)
+        return call_difference(fcs["worse"], fcs["baseline"], budget), fcs["baseline"].campaign_backtests, beyond
 
-    early = call(4_000)  # half of C_mid: little of the gain shows yet
-    assert early.label == "cannot tell yet" and "extrapolation is unchecked" in early.reason, early
-    late = call(20_000)  # well past the knee, extrapolated 2x: the 0.15 gap is called
-    assert late.label == "worse" and late.hi < -0.02, late
+    early, backtests, beyond = call(12_000)  # 1.5x the knee, extrapolated 3.3x
+    assert backtests < MIN_BACKTESTS and beyond, (backtests, early)
+    assert early.label == "cannot tell yet" and "not bounded" not in early.reason, early
+    late, backtests, _ = call(20_000)  # well past the knee, extrapolated 2x, checked and bounded: called
+    assert backtests >= MIN_BACKTESTS and late.label == "worse" and late.hi < -0.02, late
 
 
 def test_the_bootstrap_draws_of_a_pooled_B_centre_on_its_fit_and_are_not_stuck_on_grid_nodes():
