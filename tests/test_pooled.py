@@ -29,7 +29,7 @@ def _curves(df: pd.DataFrame) -> dict:
 def _fit(df: pd.DataFrame, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return fit_campaign(_curves(df), **{"a_grid": A_GRID, **kw})
+        return fit_campaign(_curves(df), a_grid=A_GRID, **kw)
 
 
 def test_pooling_recovers_a_shared_B_that_each_curve_alone_cannot_pin():
