@@ -154,17 +154,29 @@ def test_a_campaign_server_that_cannot_be_started_again_stops_the_runs_in_one_li
     assert history_steps(client, run.info.run_id, "val/mean_at_16") == list(range(0, STEPS + 1, 2))
 
 
-def test_an_unreachable_server_is_named_in_one_short_line():
-    """The trainer's console line for a write that failed: the request and its root cause, not
-    urllib3's 400-character chain in which the cause came last, cut off at 160 characters."""
+def test_a_write_to_a_server_that_is_gone_says_its_cause_on_the_console(tmp_path, store_template, monkeypatch):
+    """The trainer's line for a write its tracking server did not take names the request and its
+    cause (urllib3's chain, cut at 160 characters, lost it) and is one the campaign echoes to its
+    console (it was in run.log only)."""
     from mlflow.exceptions import MlflowException
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))  # bound, not listening: refused
-            url = f"http://127.0.0.1:{s.getsockname()[1]}"
-            with pytest.raises(MlflowException) as e:
-                MlflowClient(url).get_run("0" * 32)
-    refused = f"API request to {url}/api/2.0/mlflow/runs/get failed: [Errno 111] Connection refused"
-    assert request_error(e.value) == refused
+    from runners.ops.local import PROGRESS_MARKS
+    from runners.ops.tracking import MlflowSink
+    from tests.conftest import empty_store
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: the sink's are said
+    monkeypatch.setattr(MlflowSink, "RETRY_DELAYS", (0, 0))
+    client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
+    run_id = client.create_run(client.create_experiment("gone")).info.run_id
+    said: list[str] = []
+    sink = MlflowSink(client, run_id, log=said.append)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening: the port of a server that is gone
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        sink.client = MlflowClient(url)
+        with pytest.raises(MlflowException) as e:
+            sink({"val/mean_at_16": 0.5}, 2)
+    cause = f"API request to {url}/api/2.0/mlflow/runs/log-batch failed: [Errno 111] Connection refused"
+    assert request_error(e.value) == cause
+    assert said == [f"tracking server refused a write ({cause}); retry {n} in 0 s" for n in (1, 2)]
+    assert all(any(mark in line for mark in PROGRESS_MARKS) for line in said)  # echoed on the console
