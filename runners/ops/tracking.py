@@ -41,7 +41,7 @@ TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 #: (retries after 0, 2, 4, 8 and 16 s), long enough for a campaign to start its dead server again
 #: (``runners.ops.watch``); the sink says each failure on the console. The environment overrides them.
 HTTP_LIMITS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "5",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",  # retries after 0, 2, 4, 8, 16, 32 s: ~60 s a call, twice a restart's 31 s
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
