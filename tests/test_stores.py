@@ -127,7 +127,8 @@ def test_a_campaign_pointed_at_another_store_says_so_and_creates_none_unasked(
     a store that does not hold its runs. Before: the store was created, and the run folders said
     done, so each run was re-tracked "done" with 13 of 56 metric keys. Now: a missing store is
     refused naming the path and --new-store (``--dry-run`` creates none); a store without the
-    campaign's runs is refused naming the store the run folder records; ``make import`` of that
+    campaign's runs is refused naming the store the run folder records (or saying that this store,
+    the one recorded, no longer has them); ``make import`` of that
     store makes it whole; ``--new-store`` creates the store and trains the runs again into it, their
     old files set aside."""
     project, path, folder = finished["project"], str(finished["path"]), finished["folder"]
@@ -153,6 +154,15 @@ def test_a_campaign_pointed_at_another_store_says_so_and_creates_none_unasked(
     assert MlflowClient(f"sqlite:///{other}").get_experiment_by_name("first") is None
     assert (folder / "done.json").is_file()
 
+    kept = finished["store"].rename(tmp_path / "kept.db")  # the store the folder records, replaced by an empty one
+    try:  # in a process of its own: MLflow keeps a store's connections open in the process that used it
+        empty_store(store_template, finished["store"])
+        env = os.environ | {"MLFLOW_TRACKING_URI": first}
+        cmd = [sys.executable, "-m", "runners", "campaign", path]
+        line = one_line(subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=project))
+        assert f"hold(s) runs tracked in this store, {first}, which no longer has them (replaced or emptied?)" in line
+    finally:
+        kept.replace(finished["store"])
     assert cli("runners", "import", str(finished["store"]), "--tracking-uri", f"sqlite:///{other}").returncode == 0
     again = cli("runners", "campaign", path)
     assert again.returncode == 0 and "1 done, 0 stopped, 0 to run" in again.stdout, again.stdout + again.stderr

@@ -288,16 +288,22 @@ def _elsewhere(specs: list[RunSpec], existing: dict[str, Run], root: Path) -> li
 
 
 def _elsewhere_line(camp: Campaign, elsewhere: list[tuple[RunSpec, Path]], uri: str) -> str:
-    """One line: which folders hold runs of which other store, and the three ways on."""
-    stores = sorted({recorded_store(f) or "" for _, f in elsewhere} - {""})
-    where = f"the store {', '.join(stores)}" if stores else "another store"
-    src = store.sqlite_file(stores[0]) if len(stores) == 1 else None
-    more = f" and {len(elsewhere) - 1} more" if len(elsewhere) > 1 else ""
+    """One line: which folders hold runs of which other store (or of this one, since replaced or
+    emptied), and the ways on."""
+    stores = {recorded_store(f) or "" for _, f in elsewhere} - {""}
+    others = sorted(stores - {store.store_key(uri)})
+    folders = f"the run folder {elsewhere[0][1]}" + (f" and {len(elsewhere) - 1} more" if len(elsewhere) > 1 else "")
+    again = f"pass {store.NEW_STORE} to train them again into this store (their files are set aside in each folder)"
+    if stores and not others:  # recorded here: the store was replaced or emptied since
+        return (
+            f"campaign {camp.name}: {folders} hold(s) runs tracked in this store, {uri}, which no longer has "
+            f"them (replaced or emptied?): put it back, or copy them in from a copy (make import SRC=COPY), or {again}"
+        )
+    where = f"the store {', '.join(others)}" if others else "another store"
+    src = store.sqlite_file(others[0]) if len(others) == 1 else None
     return (
-        f"campaign {camp.name}: the run folder {elsewhere[0][1]}{more} hold(s) runs tracked in {where}, not in "
-        f"{uri}: point MLFLOW_TRACKING_URI at that store, or copy its runs here first (make import SRC="
-        f"{src or 'THAT_STORE'}), or pass {store.NEW_STORE} to train them again into this store (their files "
-        "are set aside in each folder)"
+        f"campaign {camp.name}: {folders} hold(s) runs tracked in {where}, not in {uri}: point MLFLOW_TRACKING_URI "
+        f"at that store, or copy its runs here first (make import SRC={src or 'THAT_STORE'}), or {again}"
     )
 
 
