@@ -17,6 +17,7 @@ from runners.ops.servers import ServerError
 from runners.ops.store import StoreError
 from runners.recipe import RecipeError, load_recipe, parse_override
 from runners.runfolder import RunFolderError, check_writable
+from runners.threads import configure
 
 
 def _recipe(args: argparse.Namespace):
@@ -556,6 +557,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # a campaign's trainer does not outlive its campaign (kill -9 included)
     args = build_parser().parse_args(argv)
+    if argv is None:  # a process of its own (in-process callers keep their environment): before torch loads
+        configure(args.command, getattr(args, "gpus", 1) or 1)  # OpenMP: passive waits, threads sized to cores
     try:
         private = args.command in ("train", "campaign", "import", "ui")  # commands that may create a store
         with restricted() if private else contextlib.nullcontext():  # private to its owner, or PRL_GROUP's

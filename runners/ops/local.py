@@ -27,6 +27,7 @@ from typing import IO
 
 from runners.ops.campaign import Campaign, CampaignError, RunSpec
 from runners.ops.locks import child_env
+from runners.threads import share_cores, usable_cores
 
 PROGRESS_MARKS = (
     "] step ",
@@ -127,6 +128,7 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
         recipe_file = root / f"base-{path.name}.yaml"
         recipe_file.write_text(specs[0].recipe.to_yaml())
         env = {**os.environ, **child_env()}
+        share_cores(env, cores())  # it runs alone: every core, waiting passively
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device.split(",")[0]
         proc = subprocess.Popen(
@@ -207,9 +209,10 @@ def run_local(
 
 
 def cores() -> int:
-    """The cores this process may run on: a SLURM job's or container's cpuset, not the host's count
-    (a run given every core of a 64-core node while its job holds 4 oversubscribes them ~16x)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The cores this process may run on: a SLURM job's or container's cpuset and its cgroup's CPU quota,
+    not the host's count (a run given every core of a 64-core node while its job holds 4 oversubscribes
+    them ~16x)."""
+    return usable_cores()
 
 
 def _start(launch: Launch, device: str | None, threads: int) -> _Running:
@@ -217,7 +220,7 @@ def _start(launch: Launch, device: str | None, threads: int) -> _Running:
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
         env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # packed runs fragment less
-    env.setdefault("OMP_NUM_THREADS", str(threads))  # concurrent runs share the cores instead of oversubscribing
+    share_cores(env, threads)  # concurrent runs share the cores instead of oversubscribing, and do not spin
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a native crash prints its Python stack to run.log
     log_path = launch.run_dir / "run.log"
     offset = log_path.stat().st_size if log_path.is_file() else 0  # echo only this attempt's lines
