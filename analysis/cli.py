@@ -26,8 +26,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
     if unfinished:
         print(
-            f"warning: {unfinished} run(s) have not finished (still running, or failed): their variants are"
-            " fitted on the curves so far, marked 'unfinished' in the table",
+            f"warning: {unfinished} run(s) have not finished (still running, or failed): fitted on their curves so far",
             file=sys.stderr,
         )
     for variant, said in zip(table["variant"], table.get("dropped", [""] * len(table)), strict=True):

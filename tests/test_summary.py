@@ -40,7 +40,7 @@ def check_lines(printed: str, table: pd.DataFrame) -> None:
     """What a user reads off a variant's line: its A, and its call with the Δ and interval it rests on."""
     for v, line in variant_lines(printed, table).items():
         r = table.set_index("variant").loc[v]
-        assert (f" {r['A']:.3f} " if pd.notna(r["A"]) else " — ") in line, line
+        assert (f" {r['A']:.3f} " if pd.notna(r.get("A")) else " — ") in line, line  # no A: nothing fitted
         if v == "baseline":
             assert "reference" in line
             continue
@@ -108,22 +108,24 @@ def test_every_estimate_the_loo_table_prints_lies_in_its_interval(loo_cpu):
 @pytest.mark.slow
 @pytest.mark.xdist_group("concurrent-campaign")  # the worker that holds the campaign runs it
 def test_a_campaign_fitted_from_mlflow_prints_its_summary_and_its_ui_address(
-    concurrent_campaign, monkeypatch, tmp_path, cli
+    concurrent_campaign, monkeypatch, tmp_path_factory, cli
 ):
-    """`make fit` over a real campaign's store: the summary within 100 columns, and the address of the
-    campaign's curves in MLflow's UI on a line of its own (one link; it is longer than 100)."""
+    """`make fit` over a real campaign's store: all it prints within 100 columns (the run reports it
+    wrote, the summary), and the address of the campaign's curves in MLflow's UI on a line of its own
+    (one link; it is longer than 100)."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", concurrent_campaign["store"])
     monkeypatch.chdir(concurrent_campaign["root"])
-    res = cli("analysis", "fit", str(concurrent_campaign["path"]), "--out", str(tmp_path / "fit"))
+    out = tmp_path_factory.mktemp("fit")  # a path as short as artifacts/campaigns/NAME/fit
+    res = cli("analysis", "fit", str(concurrent_campaign["path"]), "--out", str(out))
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     exp_id = MlflowClient(concurrent_campaign["store"]).get_experiment_by_name("concurrent").experiment_id
     assert lines[-2:][0] == "curves in MLflow's UI: make ui, then open"
     assert lines[-1].startswith(f"http://127.0.0.1:5000/#/experiments/{exp_id}/runs?")
-    table = pd.read_csv(tmp_path / "fit" / "loo_table.csv")
+    table = pd.read_csv(out / "loo_table.csv")
     assert set(table["variant"]) == {"baseline", "loss=dapo", "sampling=uniform"}
     check_lines(res.stdout, table)
     assert max(len(line) for line in lines[:-1]) <= WIDTH, res.stdout
-    assert f"full table, every reason: {tmp_path / 'fit' / 'loo_table.md'}" in res.stdout
+    assert f"full table, every reason: {out / 'loo_table.md'}" in res.stdout
