@@ -285,7 +285,7 @@ def test_a_spliced_run_whose_compute_goes_backwards_is_not_fitted():
     assert "goes backwards" in note and "seed 1" in note and "fp32=off" not in extra["fits"]
 
 
-RECORDED = Path(__file__).resolve().parents[1] / "results" / "loo-cpu" / "curves.csv"  # R0 shared by 5 variants
+RECORDED = Path(__file__).resolve().parents[1] / "results" / "loo-cpu100" / "curves.csv"  # R0 shared by 5 variants
 
 
 def _planted(curves: pd.DataFrame) -> pd.DataFrame:
