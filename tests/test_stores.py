@@ -153,6 +153,9 @@ def test_a_campaign_pointed_at_another_store_says_so_and_creates_none_unasked(
     assert f"make import SRC={finished['store']}" in line and "--new-store" in line, line
     assert MlflowClient(f"sqlite:///{other}").get_experiment_by_name("first") is None
     assert (folder / "done.json").is_file()
+    alone = one_line(cli("runners", "train", str(folder / "recipe.yaml"), "--run-dir", str(folder)))  # a single run
+    assert alone.startswith(f"error: {folder} holds a run tracked in the store {first}, not in sqlite:///{other}: ")
+    assert "--new-store" in alone and (folder / "done.json").is_file()
 
     kept = finished["store"].rename(tmp_path / "kept.db")  # the store the folder records, replaced by an empty one
     try:  # in a process of its own: MLflow keeps a store's connections open in the process that used it
