@@ -21,7 +21,7 @@ import numpy as np
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.forecast import Forecast
 from scalefit.model import CurveFit
-from scalefit.uncertainty import central_percentiles
+from scalefit.uncertainty import interval_holding
 
 
 @dataclass
@@ -85,10 +85,7 @@ def compare_fits(
     delta = None
     if fb is not None and fcand is not None:
         k = min(len(fb.samples), len(fcand.samples))
-        d = fcand.samples[:k, 0] - fb.samples[:k, 0]
-        d = d - np.median(d) + (a2 - a1)  # the paired spread around the difference of the fits shown
-        lo, hi = np.percentile(d, central_percentiles(fb.level))
-        delta = (float(lo), float(hi))
+        delta = interval_holding(fcand.samples[:k, 0] - fb.samples[:k, 0], a2 - a1, fb.level)
     if abs(a1 - a2) > margin:
         winner = nb if a1 > a2 else nc
         verdict = (
@@ -134,9 +131,7 @@ def _compare_at_budget(
         fb, fc = forecasts
         d_b, d_c = fb.mean_draws([budget])[:, 0], fc.mean_draws([budget])[:, 0]
         k = min(len(d_b), len(d_c))
-        d = d_c[:k] - d_b[:k]
-        lo, hi = np.percentile(d - np.median(d) + (v2 - v1), central_percentiles(fb.level))
-        delta = (float(lo), float(hi))
+        delta = interval_holding(d_c[:k] - d_b[:k], v2 - v1, fb.level)
     how = f"no asymptote to compare ({baseline.name.replace('_', ' ')}): predicted values at the budget {budget:.4g}"
     if abs(v1 - v2) > margin:
         winner = nb if v1 > v2 else nc

@@ -68,7 +68,7 @@ from scalefit.pooled import (
     variant_mean,
 )
 from scalefit.seeds import DeviationPool, deviation_pool
-from scalefit.uncertainty import central_percentiles
+from scalefit.uncertainty import central_percentiles, interval_holding
 
 TAIL = 1.0 / 3.0  # the structure check looks at the last third of the fitted range
 STRUCTURE_Z = 3.0
@@ -264,14 +264,13 @@ class PooledForecast(Forecast):
         return self._nan(compute) if self.no_band else super().confidence_band(compute)
 
     def interval(self, param: str) -> tuple[float, float]:
-        """The resamples' central interval of ``param`` around the fit shown (``centred``)."""
+        """The resamples' central interval of ``param``, reaching the fit shown (``interval_holding``)."""
         if self.no_band:
             return np.nan, np.nan
-        draws = centred(self.samples[:, self.fit.sample_names.index(param)], getattr(self.fit, param), param)
+        draws = self.samples[:, self.fit.sample_names.index(param)]
         if param == "A":  # inside the grid the fit searched: an interval that reaches its edge says so
             draws = np.clip(draws, self.fit.a_grid.min(), self.fit.a_grid.max())
-        lo, hi = np.percentile(draws, central_percentiles(self.level))
-        return float(lo), float(hi)
+        return interval_holding(draws, getattr(self.fit, param), self.level)
 
     def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
         """Draws of the mean of ``n_runs`` runs' evaluations averaged over ``computes`` (one compute: a
@@ -339,18 +338,6 @@ class PooledForecast(Forecast):
             verdict=self.verdict.to_dict() if self.verdict else None,
         )
         return out
-
-
-def centred(draws: np.ndarray, point: float, param: str = "A") -> np.ndarray:
-    """A parameter's resamples moved so that their median is the fit shown: shifted (A, R0) or scaled
-    (B, C_mid, positive), their spread kept. A resample refits curves already drawn towards the
-    campaign's B with that prior again (the pull applied twice), with tau drawn and mu re-estimated,
-    so the resamples centre on another fit than the one printed (loo-cpu's baseline: A 0.946 from
-    noise-free resamples of a fit at A 0.960), and an interval taken as it is could exclude its own
-    estimate (``ΔA -0.050, 90% interval [-0.048, +0.014]``)."""
-    if param in ("B", "C_mid"):
-        return draws * (point / np.median(draws))
-    return draws + (point - np.median(draws))
 
 
 def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[str]:

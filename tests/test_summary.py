@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -57,7 +58,7 @@ def loo_cpu(tmp_path_factory) -> tuple[str, Path]:
     from tests.conftest import run_in_process
 
     out = tmp_path_factory.mktemp("loo-cpu") / "fit"
-    curves = RESULTS / "loo-cpu" / "curves.csv"
+    curves = RESULTS / "loo-cpu100" / "curves.csv"  # the 100-step default: its control decides by measurement
     res = run_in_process("analysis", "fit", "loo-cpu", "--curves", str(curves), "--out", str(out))
     assert res.returncode == 0, res.stderr
     return res.stdout, out
@@ -94,8 +95,8 @@ def test_every_recorded_table_summarises_within_100_columns(path):
 
 
 def test_every_estimate_the_loo_table_prints_lies_in_its_interval(loo_cpu):
-    """A, ΔA, the calls' Δ and the measured Δ, each inside the interval printed beside it: the
-    resamples behind an interval are centred on the fit shown. Before, the joint model's resamples
+    """A, ΔA, the calls' Δ and the measured Δ, each inside the interval printed beside it: an
+    interval is widened to reach the fit shown where its resamples centre elsewhere. Before, the joint model's resamples
     refitted curves already drawn towards the campaign's B with that prior again, and loo-cpu's
     table printed `ΔA -0.050, 90% interval [-0.048, +0.014]`."""
     _, out = loo_cpu
@@ -129,3 +130,18 @@ def test_a_campaign_fitted_from_mlflow_prints_its_summary_and_its_ui_address(
     check_lines(res.stdout, table)
     assert max(len(line) for line in lines[:-1]) <= WIDTH, res.stdout
     assert f"full table, every reason: {out / 'loo_table.md'}" in res.stdout
+
+
+def test_an_interval_reaches_its_estimate_by_widening_never_by_moving():
+    """Resamples centred off the estimate (the joint fit's prior applied twice) give an interval that
+    reaches the estimate and keeps the resamples' own end: a difference whose resamples hold 0 stays
+    undecided however far the estimate sits from them, and one they exclude stays decided."""
+    from scalefit.uncertainty import interval_holding
+
+    draws = np.random.default_rng(0).normal(0.03, 0.01, 4000)  # 90%: about [+0.014, +0.046]
+    lo, hi = interval_holding(draws, -0.010, 0.9)
+    assert lo == -0.010 and 0.04 < hi < 0.05  # widened to the estimate, 0 inside: no call
+    lo, hi = interval_holding(draws, 0.030, 0.9)
+    assert 0.0 < lo < 0.02 and 0.04 < hi < 0.05  # the estimate inside already: the resamples' interval
+    lo, hi = interval_holding(draws, 0.070, 0.9)
+    assert 0.0 < lo < 0.02 and hi == 0.070  # beyond them: reached, and the lower end is not moved up
