@@ -23,6 +23,7 @@ from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import call_difference, forecast_campaign
 from scalefit.settings import FitSettings
 from scalefit.uncertainty import central_percentiles
+from scalefit.unstable import Flag, arm_counts, flag_runs
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
 FitSpec = FitSettings | dict[str, Any] | None  # a campaign's fit settings, or its fit: section as written
@@ -198,7 +199,7 @@ def campaign_model(curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000
     (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
     cfg, a_grid = _fit_config(fit, warn=False)
     x, y = cfg.x, MEAN_AT_16
-    curves = bad_points(curves, x)[0]
+    curves = steady_points(bad_points(curves, x)[0])[0]
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     budgets = {v: float(g[x].max()) for v, g in groups.items()}
     failed = {v: f"no fit: {why}" for v, g in groups.items() if (why := _spliced(g, x))}
@@ -263,6 +264,8 @@ def fit_table(
         raise ValueError(f"no evaluation to fit: every point is bad ({dropped['why'].iloc[0]}, ...)")
     model = campaign_model(curves, fit, n_boot)
     fits, fcs = model.fits, model.forecasts
+    flags = steady_points(curves)[1]
+    counts = arm_counts(curves, flags)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
         row: dict[str, Any] = {
@@ -275,6 +278,9 @@ def fit_table(
             "unfinished": _unfinished(g),
             "fit_model": model.description,
         }
+        if variant in counts:  # collapses: reported, left out of the fit and the seed noise, kept in the curves
+            mine = [f.text() for f in flags if f.variant == variant]
+            row.update(unstable_runs=len(mine), unstable=f"{counts[variant]}: {'; '.join(mine)}")
         stops = sorted(set(g["stopped"].fillna(""))) if "stopped" in g else []
         if any(stops):  # an adaptive campaign stopped it: its final value is the decision's prediction
             row["stopped"] = "stopped early " + "; ".join(x for x in stops if x)
@@ -453,6 +459,21 @@ def _unfinished(g: pd.DataFrame) -> int:
     if "stopped" in g:
         ended |= g["stopped"].fillna("") != ""
     return int(g.loc[~ended, "seed"].nunique())  # one run per seed (``_one_run_per_seed``)
+
+
+def steady_points(curves: pd.DataFrame) -> tuple[pd.DataFrame, list[Flag]]:
+    """The evaluations a fit should hold, and the runs flagged unstable (``scalefit.unstable``: a
+    seed that leaves its siblings by a robust margin at a step). The flagged evaluations are left out
+    of the fit, as one collapse would otherwise move its variant's curve and every verdict; they stay
+    in curves.csv and the plot's points, and each run is named in its variant's row."""
+    if "step" not in curves:
+        return curves, []
+    flags = flag_runs(curves, MEAN_AT_16)
+    out = {(f.variant, f.seed, s) for f in flags for s in f.steps}
+    if not out:
+        return curves, flags
+    keys = zip(curves["variant"], curves["seed"], curves["step"], strict=True)
+    return curves[~np.array([(v, int(s), int(t)) in out for v, s, t in keys])], flags
 
 
 def bad_points(curves: pd.DataFrame, x: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -637,6 +658,8 @@ def to_markdown(table: pd.DataFrame) -> str:
             final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
         if _text(r.get("dropped")):  # points no curve can hold, left out of the fit by name
             final += f" ({r['dropped']})"
+        if _text(r.get("unstable")):  # runs that left their siblings: counted and named
+            final += f" (unstable: {r['unstable']}; flagged evaluations left out of the fit)"
         calls = ""
         if _text(r.get("half_call_text")) or _text(r.get("call_text")):
             calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
@@ -839,6 +862,17 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = 
     )
 
 
+def tag_unstable(curves: pd.DataFrame, client: MlflowClient) -> None:
+    """Each flagged run gets its flag as the MLflow tag ``store.UNSTABLE`` (the Flag's text); a run
+    flagged by an earlier fit and steady now loses it."""
+    flags = {(f.variant, f.seed): f.text() for f in steady_points(curves)[1]}
+    for (variant, seed), run_id in curves.groupby(["variant", "seed"])["run_id"].first().items():
+        if (variant, seed) in flags:
+            client.set_tag(run_id, store.UNSTABLE, flags[(variant, seed)])
+        elif store.UNSTABLE in client.get_run(run_id).data.tags:
+            client.delete_tag(run_id, store.UNSTABLE)
+
+
 def write_report(
     campaign: str,
     out: Path,
@@ -855,6 +889,7 @@ def write_report(
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, fit, title=campaign)
     client = store.read_client(tracking_uri)
+    tag_unstable(curves, client)
     write_missing_reports(curves, client, out, log=log)
     (out / "runs.md").write_text(runs_markdown(curves, out))
     identical = set(table.loc[table["identical_to_baseline"], "variant"]) if "identical_to_baseline" in table else set()

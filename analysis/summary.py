@@ -126,6 +126,13 @@ def _row(width: int, name: str, a: str, why: str, delta: str | None = None, call
     return head + _cut(why, WIDTH - len(head))
 
 
+def _unstable_line(table: pd.DataFrame) -> list[str]:
+    """One line naming each variant's collapsed runs ("baseline: 1 of 4 runs collapsed"), or none."""
+    rows = [r for _, r in table.iterrows() if _text(r.get("unstable"))]
+    said = [f"{r['variant']}: {_text(r['unstable']).split(': ')[0]}" for r in rows]
+    return [_cut("unstable runs (left out of the fit, named in the table): " + "; ".join(said), WIDTH)] if said else []
+
+
 def _where(path: Path) -> str:
     """A path as short as it can be said: relative to the working folder when it lies under it."""
     try:
@@ -161,6 +168,8 @@ def summary(
         if (_num(r.get("unfinished")) or 0) > 0:
             why = f"{int(r['unfinished'])} of {int(r['seeds'])} runs unfinished; {why}"
         lines.append(_row(w, str(r["variant"]), a_cell, why, delta, call))
+    if "unstable" in table:
+        lines += _unstable_line(table)
     lines += [
         _cut(
             f"Δ: the fits' difference at the budget; m: measured (the seeds' last-{k} means) where no fit gives one",

@@ -6,6 +6,9 @@ curve — evaluation noise, drift and seed offset together, their correlation ov
 whole. A campaign's series form one pool (the assumption a t test pooling the seeds' variance
 makes). Without several seeds anywhere, each run's residual series from its fitted curve stands in.
 The pool draws whole series for a bootstrap and fits how the variance grows along the run.
+An evaluation where one seed leaves its siblings by a robust margin (``scalefit.unstable``: a
+collapse) is left out of the pool (NaN in its series; its step's mean and deviations taken over
+the other seeds), so one collapsed run cannot set the whole campaign's noise.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit
 from scalefit.forecast import _series
+from scalefit.unstable import flagged, typical_scale
 
 P_GRID = np.linspace(0.0, 1.0, 401)
 TREND_FROM = 0.25  # the variance line is fitted over the last three quarters of the fitted range
@@ -48,7 +52,8 @@ class DeviationPool:
     dof: int
 
     def __post_init__(self) -> None:
-        self.on_grid = np.array([np.interp(P_GRID, p, d) for p, d in zip(self.positions, self.deviations, strict=True)])
+        series = zip(self.positions, self.deviations, strict=True)  # a flagged (NaN) evaluation: interpolated
+        self.on_grid = np.array([np.interp(P_GRID, p[np.isfinite(d)], d[np.isfinite(d)]) for p, d in series])
 
     def __len__(self) -> int:
         return len(self.deviations)
@@ -63,10 +68,11 @@ class DeviationPool:
         ends, sq = [], []
         for p, d in zip(self.positions, self.deviations, strict=True):
             w = min(window, len(d))
-            means = np.convolve(d, np.ones(w) / w, mode="valid")
+            means = np.convolve(d, np.ones(w) / w, mode="valid")  # NaN where the window holds a flagged one
             ends.append(p[w - 1 :])
             sq.append(means**2)
         x, y = np.concatenate(ends), np.concatenate(sq)
+        x, y = x[np.isfinite(y)], y[np.isfinite(y)]
         keep = x >= TREND_FROM - 1e-9  # the trend of the run as it is now, not its start from the base model
         if keep.sum() < 3:
             keep = x > 0
@@ -87,8 +93,10 @@ class DeviationPool:
         return float(np.sqrt(max(a + b * position, 0.0)))
 
     def phi(self) -> float:
-        num = sum(float(d[1:] @ d[:-1]) for d in self.deviations if len(d) > 1)
-        den = sum(float(d[:-1] @ d[:-1]) for d in self.deviations if len(d) > 1)
+        pairs = [(d[1:], d[:-1]) for d in self.deviations if len(d) > 1]
+        pairs = [(a[ok], b[ok]) for a, b in pairs if (ok := np.isfinite(a) & np.isfinite(b)).any()]
+        num = sum(float(a @ b) for a, b in pairs)
+        den = sum(float(b @ b) for _, b in pairs)
         return float(np.clip(num / den, 0.0, 0.99)) if den > 0 else 0.0
 
     def draw(self, rng: np.random.Generator, positions: np.ndarray, size: int) -> np.ndarray:
@@ -102,15 +110,19 @@ class DeviationPool:
 
 
 def deviation_pool(fits: dict[str, SigmoidFit]) -> DeviationPool:
-    """The campaign's seed deviations (variants with several seeds), else the runs' residuals."""
+    """The campaign's seed deviations (variants with several seeds; flagged evaluations left out),
+    else the runs' residuals."""
     pos, dev, dof = [], [], 0
-    for f in fits.values():
-        al = _aligned(f) if len(np.unique(f.run_inputs)) > 1 else None
-        if al is None:
+    aligned = {v: _aligned(f) if len(np.unique(f.run_inputs)) > 1 else None for v, f in fits.items()}
+    floor = typical_scale([al[1] for al in aligned.values() if al is not None])
+    for v, f in fits.items():
+        if aligned[v] is None:
             continue
-        common, y = al
+        common, y = aligned[v]
+        y = np.where(flagged(y, floor), np.nan, y)  # a collapse: out of the noise, kept in the curve
+        k = np.isfinite(y).sum(axis=0)
+        d = (y - np.nanmean(y, axis=0)) * np.sqrt(k / np.maximum(k - 1, 1))
         k = len(y)
-        d = (y - y.mean(axis=0)) * np.sqrt(k / (k - 1))
         c_fit = float(f.compute.max())
         for row in d:
             pos.append(common / c_fit)

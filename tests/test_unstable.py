@@ -1,0 +1,129 @@
+"""Unstable runs (scalefit.unstable): one collapsed seed is flagged, named in the LOO table, the
+summary and its MLflow run, and kept out of the seed noise and the fit, so the campaign's verdicts
+and calls are those it gives without it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from runners.contract import MEAN_AT_16
+from scalefit import unstable
+from scalefit.pooled import fit_campaign
+from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.synthetic import campaign_runs
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
+TRUTH = {"baseline": (3000, 1.9, 0.65), "loss=same": (3000, 1.9, 0.655), "loss=worse": (3000, 1.9, 0.58)}
+BUDGET = 15_000
+
+
+def _campaign() -> pd.DataFrame:
+    """Three variants, 4 seeds each, as a curves.csv holds them (compute/samples, a step every 10)."""
+    df = campaign_runs(TRUTH, seeds=4, c_max=BUDGET, n_points=25, drift_sd=0.005, seed_sd=0.005, seed=7)
+    df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
+    df["run"] = df["variant"] + "/seed" + df["seed"].astype(str)
+    return df.rename(columns={"compute": "compute/samples", "value": MEAN_AT_16}).assign(axis="loss")
+
+
+def _collapse(df: pd.DataFrame, seed: int = 1, step: int = 190, value: float = 0.2) -> pd.DataFrame:
+    """Baseline seed ``seed`` drops to ``value`` at ``step`` (late in training), then comes back."""
+    out = df.copy()
+    out.loc[(out["variant"] == "baseline") & (out["seed"] == seed) & (out["step"] == step), MEAN_AT_16] = value
+    return out
+
+
+def _forecasts(df: pd.DataFrame) -> dict:
+    data = {
+        v: (g["compute/samples"].to_numpy(), g[MEAN_AT_16].to_numpy(), g["seed"].to_numpy())
+        for v, g in df.groupby("variant")
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return forecast_campaign(fit_campaign(data, a_grid=A_GRID), n_resamples=200)
+
+
+def test_a_collapse_is_flagged_named_and_said_to_recover_or_not():
+    df = _campaign()
+    assert unstable.flag_runs(df, MEAN_AT_16) == []  # healthy seeds: nothing flagged
+    (flag,) = unstable.flag_runs(_collapse(df), MEAN_AT_16)
+    siblings = df.loc[(df["variant"] == "baseline") & (df["step"] == 190) & (df["seed"] != 1), MEAN_AT_16].median()
+    assert flag.text() == f"baseline seed 1: dropped to 0.20 at step 190 (siblings {siblings:.2f}), recovered"
+    last = _collapse(_collapse(df, step=230), step=240)  # the last two evaluations: it did not come back
+    (flag,) = unstable.flag_runs(last, MEAN_AT_16)
+    assert flag.steps == [230, 240] and flag.text().endswith("and 1 more evaluation, did not recover")
+    assert unstable.arm_counts(last, [flag]) == {"baseline": "1 of 4 runs collapsed"}
+    three = df[df["seed"] < 2]  # two seeds: no median of siblings to leave
+    assert unstable.flag_runs(_collapse(three), MEAN_AT_16) == []
+
+
+@pytest.mark.parametrize("name", ["loo-gpu3", "loo-gpu6"])
+def test_no_run_of_the_recorded_gpu_studies_is_flagged(name):
+    """The rule catches nothing in these studies (issue #40): their seeds only wander."""
+    assert unstable.flag_runs(pd.read_csv(RESULTS / name / "curves.csv"), MEAN_AT_16) == []
+
+
+def test_one_collapsed_run_does_not_blind_the_campaigns_noise():
+    """The seed noise of the joint forecast: with one seed at 0.2 for one evaluation every verdict
+    stays what it is without it (before: all 'not yet predictable', every A interval ~2.5x wider)."""
+    df = _campaign()
+    clean, hit = _forecasts(df), _forecasts(_collapse(df))
+    for v in TRUTH:
+        assert clean[v].verdict.predictable, clean[v].verdict.reasons
+        assert hit[v].verdict.predictable == clean[v].verdict.predictable, (v, hit[v].verdict.reasons)
+        width = np.subtract(*hit[v].interval("A")[::-1]) / np.subtract(*clean[v].interval("A")[::-1])
+        assert width < 1.3, (v, width)
+    for v in ("loss=same", "loss=worse"):
+        c = call_difference(hit[v], hit["baseline"], BUDGET)
+        assert c.hi - c.lo < 1.3 * (lambda k: k.hi - k.lo)(call_difference(clean[v], clean["baseline"], BUDGET))
+
+
+def test_the_loo_table_and_summary_name_the_collapse_and_keep_the_verdicts(tmp_path):
+    from analysis.loo import fit_table, to_markdown
+    from analysis.summary import WIDTH, summary
+
+    df = _campaign()
+    settings = {"a_grid": "0.30:0.95:0.005"}
+    clean, _ = fit_table(df, settings, n_boot=200)
+    hit, _ = fit_table(_collapse(df), settings, n_boot=200)
+    cols = ["variant", "predictable", "call", "half_call"]
+    assert hit[cols].equals(clean[cols]), pd.concat([clean[cols], hit[cols]])
+    said = [v.split(" (")[0].split(": ")[0] for v in clean["verdict"]]  # the verdict's words, not its numbers
+    assert [v.split(" (")[0].split(": ")[0] for v in hit["verdict"]] == said
+    for c in ("A", "call_delta", "call_lo", "call_hi", "half_call_delta"):  # within noise of the same campaign
+        assert np.allclose(hit[c], clean[c], atol=0.005, equal_nan=True), (c, hit[c], clean[c])
+    row = hit.set_index("variant").loc["baseline"]
+    assert row["unstable_runs"] == 1
+    assert row["unstable"].startswith("1 of 4 runs collapsed: baseline seed 1: dropped to 0.20 at step 190")
+    assert "unstable" not in clean  # a steady campaign: no column, nothing said
+    assert "(unstable: 1 of 4 runs collapsed: baseline seed 1: dropped" in to_markdown(hit)
+    printed = summary(hit, tmp_path, margin=0.02)
+    (line,) = [s for s in printed.splitlines() if s.startswith("unstable runs")]
+    assert "baseline: 1 of 4 runs collapsed" in line and len(line) <= WIDTH
+    assert "unstable runs" not in summary(clean, tmp_path, margin=0.02)
+
+
+def test_a_flagged_run_is_tagged_in_mlflow_and_untagged_once_steady(tmp_path):
+    """A real SQLite store: the flagged run's tag says what happened; a refit without it clears it."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.loo import tag_unstable
+    from runners.ops import store
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("c")
+    df = _collapse(_campaign())
+    ids = {run: client.create_run(exp, run_name=run).info.run_id for run in df["run"].unique()}
+    df["run_id"] = df["run"].map(ids)
+    tag_unstable(df, client)
+    tags = {run: client.get_run(i).data.tags.get(store.UNSTABLE) for run, i in ids.items()}
+    assert tags.pop("baseline/seed1").startswith("baseline seed 1: dropped to 0.20 at step 190")
+    assert set(tags.values()) == {None}
+    steady = _campaign().assign(run_id=lambda d: d["run"].map(ids))
+    tag_unstable(steady, client)
+    assert store.UNSTABLE not in client.get_run(ids["baseline/seed1"]).data.tags
