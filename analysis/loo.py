@@ -465,15 +465,19 @@ def steady_points(curves: pd.DataFrame) -> tuple[pd.DataFrame, list[Flag]]:
     """The evaluations a fit should hold, and the runs flagged unstable (``scalefit.unstable``: a
     seed that leaves its siblings by a robust margin at a step). The flagged evaluations are left out
     of the fit, as one collapse would otherwise move its variant's curve and every verdict; they stay
-    in curves.csv and the plot's points, and each run is named in its variant's row."""
-    if "step" not in curves:
-        return curves, []
+    in curves.csv and the plot (red crosses), and each run is named in its variant's row."""
+    hit, flags = unstable_points(curves)
+    return curves[~hit], flags
+
+
+def unstable_points(curves: pd.DataFrame) -> tuple[np.ndarray, list[Flag]]:
+    """Which rows of ``curves`` are flagged evaluations (a boolean mask), and the flagged runs."""
+    if "step" not in curves or curves.empty:
+        return np.zeros(len(curves), dtype=bool), []
     flags = flag_runs(curves, MEAN_AT_16)
     out = {(f.variant, f.seed, s) for f in flags for s in f.steps}
-    if not out:
-        return curves, flags
     keys = zip(curves["variant"], curves["seed"], curves["step"], strict=True)
-    return curves[~np.array([(v, int(s), int(t)) in out for v, s, t in keys])], flags
+    return np.array([(v, int(s), int(t)) in out for v, s, t in keys], dtype=bool), flags
 
 
 def bad_points(curves: pd.DataFrame, x: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -852,6 +856,7 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = 
     }
     if not (extra["fits"] or unfitted):
         return None
+    left_out = curves[unstable_points(curves)[0]]  # unstable runs' flagged evaluations
     return plot_fits(
         extra["fits"],
         path,
@@ -859,6 +864,7 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = 
         xlabel=x,
         title=f"{title}: mean@16 vs compute, {cfg.model.replace('_', ' ')} fits" if title else None,
         unfitted=unfitted,
+        flagged=(left_out[x].to_numpy(float), left_out[MEAN_AT_16].to_numpy(float)),
     )
 
 

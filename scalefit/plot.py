@@ -28,6 +28,7 @@ def plot_fits(
     title: str | None = None,
     log_x: bool = True,
     unfitted: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
+    flagged: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> Path:
     """One figure with each curve's points, its fit (solid up to fit_upto, dashed beyond), its
     confidence band (dark) and, where its forecast is predictable, its prediction band (light);
@@ -36,7 +37,9 @@ def plot_fits(
     A fit whose forecast is not yet predictable is drawn as points with a dotted curve and the
     verdict in its label; a fit whose optimum sits on a grid edge as points only, and so is each
     curve in ``unfitted`` (name → compute, values: a curve with no fit at all, e.g. a flat one),
-    so no measured curve is missing from the figure. Compute is on a log scale, as in the paper.
+    so no measured curve is missing from the figure; ``flagged`` (compute, values: evaluations left
+    out of the fits as unstable, ``scalefit.unstable``) are drawn as red crosses. Compute is on a
+    log scale, as in the paper.
     Each curve has its own colour and marker (curves that overlap stay apart), the legend sits
     outside the axes, and the y-range is the measured values' (not a fixed 0-1) plus the drawn
     asymptotes inside [0, 1].
@@ -92,6 +95,9 @@ def plot_fits(
         k = len(fits) + j
         ax.scatter(c, v, s=14, color=f"C{k % 10}", alpha=0.6, marker=MARKERS[k % len(MARKERS)], label=f"{name}: no fit")
         shown.append(np.asarray(v, dtype=float))
+    if flagged is not None and len(flagged[0]):
+        ax.scatter(*flagged, s=40, color="red", marker="x", label="unstable run (left out of the fit)")
+        shown.append(np.asarray(flagged[1], dtype=float))
     if forecasts:
         level = next(iter(forecasts.values())).level
         ax.fill_between([], [], [], color="grey", alpha=0.25, label=f"{level:.0%} confidence band (mean curve)")

@@ -108,6 +108,25 @@ def test_the_loo_table_and_summary_name_the_collapse_and_keep_the_verdicts(tmp_p
     assert "unstable runs" not in summary(clean, tmp_path, margin=0.02)
 
 
+def test_the_plot_draws_the_flagged_evaluation_it_left_out_of_the_fit(tmp_path, monkeypatch):
+    """Left out of the fit, the collapse is still on the figure: a red cross where it was measured
+    (each saved figure is recorded, then saved by matplotlib as always)."""
+    from matplotlib.figure import Figure
+
+    from analysis.loo import fit_table, plot_campaign
+
+    saved, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])
+    df = _collapse(_campaign())
+    settings = {"a_grid": "0.30:0.95:0.005"}
+    _, extra = fit_table(df, settings, n_boot=60)
+    assert plot_campaign(df, extra, tmp_path / "loo_curves.png", settings).is_file()
+    (ax,) = saved[0].axes
+    crosses = [c for c in ax.collections if c.get_label() == "unstable run (left out of the fit)"]
+    where = df.loc[(df["variant"] == "baseline") & (df["seed"] == 1) & (df["step"] == 190), "compute/samples"]
+    assert len(crosses) == 1 and crosses[0].get_offsets().tolist() == [[float(where.iloc[0]), 0.2]]
+
+
 def test_a_flagged_run_is_tagged_in_mlflow_and_untagged_once_steady(tmp_path):
     """A real SQLite store: the flagged run's tag says what happened; a refit without it clears it."""
     from mlflow.tracking import MlflowClient
