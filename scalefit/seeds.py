@@ -119,15 +119,14 @@ def deviation_pool(fits: dict[str, SigmoidFit]) -> DeviationPool:
         if aligned[v] is None:
             continue
         common, y = aligned[v]
-        y = np.where(flagged(y, floor), np.nan, y)  # a collapse: out of the noise, kept in the curve
-        k = np.isfinite(y).sum(axis=0)
-        d = (y - np.nanmean(y, axis=0)) * np.sqrt(k / np.maximum(k - 1, 1))
-        k = len(y)
+        y = np.where(flagged(y, floor), np.nan, y)  # a collapse: out of the noise (not out of this fit)
+        here = np.isfinite(y).sum(axis=0)  # seeds left at each step
+        d = (y - np.nanmean(y, axis=0)) * np.sqrt(here / np.maximum(here - 1, 1))
         c_fit = float(f.compute.max())
-        for row in d:
+        for row in d[np.isfinite(d).sum(axis=1) >= 2]:  # a run flagged nearly throughout has no series
             pos.append(common / c_fit)
             dev.append(row)
-        dof += k - 1
+        dof += len(y) - 1
     if pos:
         return DeviationPool(pos, dev, "seeds", dof)
     for f in fits.values():
