@@ -55,6 +55,7 @@ from scalefit.forecast import (
     Verdict,
     _series,
     eval_sd,
+    forecast,
 )
 from scalefit.lm import batched_lm
 from scalefit.pooled import (
@@ -244,6 +245,7 @@ class PooledForecast(Forecast):
     no_band: list[str] = field(default_factory=list)  # why the curve gets no band (not a sigmoid)
     pool_kind: str = "seeds"
     campaign_backtests: int = 0  # backtests past the knee over the whole campaign (they set ``calibration``)
+    own: Forecast | None = field(default=None, repr=False)  # the variant fitted alone (``own_forecast``)
 
     def _sd(self, window: int, compute, n_runs: int) -> np.ndarray:
         """sd of the mean of ``n_runs`` runs' means over ``window`` evaluations ending at each compute:
@@ -577,6 +579,11 @@ def forecast_campaign(
     return fcs
 
 
+OWN_RESAMPLES = 200  # the variant's own fit, resampled only to back a call past its data
+SLOWER_OR_LOWER = "slower or lower"
+DECIDED = ("worse", "no difference", "better")
+
+
 @dataclass
 class Call:
     """A variant against the baseline at a budget, from the joint model's paired draws."""
@@ -588,9 +595,107 @@ class Call:
     reason: str = ""
 
     def text(self, margin: float) -> str:
+        if self.label == "cannot tell yet" and self.reason.startswith(SLOWER_OR_LOWER + ": "):
+            return f"{SLOWER_OR_LOWER}: cannot tell yet ({self.reason[len(SLOWER_OR_LOWER) + 2 :]})"
         if self.label == "cannot tell yet" and self.reason:
             return f"cannot tell yet: {self.reason}"
         return f"{self.label}: Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
+
+
+def own_forecast(fc: Forecast) -> Forecast:
+    """``fc``'s variant forecast from its own data alone (its ``unpooled`` fit: no campaign prior on
+    B, so B's uncertainty is as wide as its seeds leave it); ``fc`` itself where nothing was pooled.
+    Resampled once (``OWN_RESAMPLES``; no backtests of its own: the campaign's calibration widens it)
+    and kept on ``fc``."""
+    fit = fc.fit
+    if getattr(fit, "prior", None) is None or getattr(fit, "unpooled", None) is None:
+        return fc
+    if getattr(fc, "own", None) is None:
+        n = min(len(fc.samples), OWN_RESAMPLES)
+        own = forecast(fit.unpooled, level=fc.level, margin=fc.margin, n_resamples=n, seed=fc.seed, backtest=False)
+        own.calibration = max(own.calibration, fc.calibration)  # the campaign's backtests widen it as they do fc
+        fc.own = own
+    return fc.own
+
+
+def _extrapolates(fc: Forecast, at: float) -> bool:
+    return at > float(fc.fit.compute.max()) * (1 + 1e-9)
+
+
+def _unsupported(name: str, fc: Forecast, at: float) -> list[str]:
+    """Why ``fc`` cannot carry a call at ``at`` (empty when it can): not identified, or, past its
+    fitted data, an extrapolation its campaign has not checked or whose asymptote it does not bound."""
+    if fc.fit.not_identified:
+        return [f"{name}'s fit is not identified"]
+    if not _extrapolates(fc, at):
+        return []
+    why = []
+    checked = getattr(fc, "campaign_backtests", None)  # the joint model's; a lone fit's are its own
+    if checked is not None and checked < MIN_BACKTESTS:
+        why.append(
+            f"{name}'s extrapolation is unchecked ({checked} backtest(s) past the knee in the "
+            f"campaign, need {MIN_BACKTESTS})"
+        )
+    if fc.fit.has_asymptote:  # a power law has no asymptote to bound, its A is not a ceiling
+        a_lo, a_hi = fc.interval("A")
+        edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
+        if a_lo <= edges[0] + 1e-9 or a_hi >= edges[1] - 1e-9:
+            why.append(
+                f"{name}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
+            )
+    return why
+
+
+def _label(
+    variant: Forecast, baseline: Forecast, budget: float, bb: float, margin: float, level: float
+) -> tuple[str, float, float, float]:
+    """The call from two forecasts' draws of the mean curve (paired where they come from one
+    simulated campaign). Where the draws centre off the point difference, its interval spans both
+    readings of them: as they are, widened to hold the point (``interval_holding``), and moved onto
+    it; a call needs both (widened alone, the draws of a slower variant centred below its point
+    called "worse" where the moved ones did not)."""
+    v = variant.mean_draws([budget])[:, 0]
+    b = baseline.mean_draws([bb])[:, 0]
+    n = min(len(v), len(b))
+    d = v[:n] - b[:n]
+    delta = float(variant.point([budget])[0] - baseline.point([bb])[0])
+    lo, hi = interval_holding(d, delta, level)
+    moved = np.percentile(d - np.median(d) + delta, central_percentiles(level))
+    lo, hi = min(lo, float(moved[0])), max(hi, float(moved[1]))
+    if hi < -margin:
+        return "worse", delta, lo, hi
+    if lo > margin:
+        return "better", delta, lo, hi
+    if -margin <= lo and hi <= margin:
+        return "no difference", delta, lo, hi
+    return "cannot tell yet", delta, lo, hi
+
+
+def _backed(
+    call: Call, variant: Forecast, baseline: Forecast, budget: float, bb: float, margin: float, level: float
+) -> Call:
+    """``call`` where the variant's own data back it, else "cannot tell yet" saying why: a call made
+    past the data from the joint fit stands when the variant is predictable or when the two fits,
+    each alone, make the same call with their asymptotes bounded (the campaign's prior on B narrows
+    B's draws, and bounds A through it, before a slower variant's B has diverged)."""
+    verdict = getattr(variant, "verdict", None)
+    if call.label not in DECIDED or (verdict is not None and verdict.predictable):
+        return call
+    if not (_extrapolates(variant, budget) or _extrapolates(baseline, bb)):
+        return call
+    own_v, own_b = own_forecast(variant), own_forecast(baseline)
+    if own_v is variant and own_b is baseline:  # nothing was pooled: the call is the own fits' already
+        return call
+    pooled = f"the joint fit says {call.text(margin)}"
+    why = _unsupported("the variant's own fit", own_v, budget) + _unsupported("the baseline's own fit", own_b, bb)
+    if why:
+        prefix = SLOWER_OR_LOWER if any("asymptote" in w for w in why) else "the variant's own fit does not back it"
+        return Call("cannot tell yet", call.delta, call.lo, call.hi, f"{prefix}: {'; '.join(why)}; {pooled}")
+    own = Call(*_label(own_v, own_b, budget, bb, margin, level))
+    if own.label != call.label:
+        reason = f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}"
+        return Call("cannot tell yet", call.delta, call.lo, call.hi, reason)
+    return call
 
 
 def call_difference(
@@ -607,47 +712,18 @@ def call_difference(
     with no band or not identified, nor, at a budget past its fitted data (an extrapolation),
     from one whose campaign has not checked its extrapolations (``MIN_BACKTESTS`` backtests past
     the knee) or whose asymptote A the resamples do not bound (its interval reaches the grid's
-    edge): such a difference is the fit's guess, not the data's."""
+    edge): such a difference is the fit's guess, not the data's. Past the data, a call from the
+    joint fit also needs the variant's own data to back it (``_backed``)."""
     pair = (("variant", variant), ("baseline", baseline))
     why = [f"{n} has no band ({fc.no_band[0]})" for n, fc in pair if getattr(fc, "no_band", None)]
     bb = budget if baseline_budget is None else baseline_budget
     for (n, fc), at in zip(pair, (budget, bb), strict=True):
-        if getattr(fc, "no_band", None):
-            continue
-        if fc.fit.not_identified:
-            why.append(f"{n}'s fit is not identified")
-        elif at > float(fc.fit.compute.max()) * (1 + 1e-9):  # a call past the fitted data is an extrapolation:
-            checked = getattr(fc, "campaign_backtests", None)  # the joint model's; a lone fit's are its own
-            if checked is not None and checked < MIN_BACKTESTS:  # ... one the campaign has checked
-                why.append(
-                    f"{n}'s extrapolation is unchecked ({checked} backtest(s) past the knee in the "
-                    f"campaign, need {MIN_BACKTESTS})"
-                )
-            if not fc.fit.has_asymptote:  # a power law: no asymptote to bound, its A is not a ceiling
-                continue
-            a_lo, a_hi = fc.interval("A")  # ... and whose asymptote the resamples bound
-            edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
-            if a_lo <= edges[0] + 1e-9 or a_hi >= edges[1] - 1e-9:
-                why.append(
-                    f"{n}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
-                )
+        if not getattr(fc, "no_band", None):
+            why += _unsupported(n, fc, at)
     if why:
         return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
-    v = variant.mean_draws([budget])[:, 0]
-    b = baseline.mean_draws([bb])[:, 0]
-    n = min(len(v), len(b))
-    d = v[:n] - b[:n]  # resample i of both from one simulated campaign: paired
-    delta = float(variant.point([budget])[0] - baseline.point([bb])[0])
-    lo, hi = (float(x) for x in np.percentile(d - np.median(d) + delta, central_percentiles(level)))
-    if hi < -margin:
-        label = "worse"
-    elif lo > margin:
-        label = "better"
-    elif -margin <= lo and hi <= margin:
-        label = "no difference"
-    else:
-        label = "cannot tell yet"
-    return Call(label, delta, lo, hi)
+    call = Call(*_label(variant, baseline, budget, bb, margin, level))
+    return _backed(call, variant, baseline, budget, bb, margin, level)
 
 
 def fit_and_forecast_campaign(

@@ -231,3 +231,34 @@ def test_the_bootstrap_draws_of_a_pooled_B_centre_on_its_fit_and_are_not_stuck_o
         assert len(np.unique(np.round(b, 6))) >= 5, (v, np.unique(b))
         assert abs(np.median(np.log(b)) - np.log(cfit.fits[v].B)) < 0.05, (v, np.median(b), cfit.fits[v].B)
         assert abs(np.median(fcs[v].samples[:, 0]) - cfit.fits[v].A) < 0.01, v
+
+
+def test_a_half_budget_call_the_variant_own_fit_does_not_back_is_not_made():
+    """Slower, not lower (issue #40): same A as the baseline, a later C_mid and a lower B, as
+    loo-gpu3…5's lr_half. From half the budget the joint fit's prior pulls its B towards the
+    campaign's, which lowers its ceiling, and its paired draws put the difference at the budget
+    wholly below -margin: "worse", Δ -0.045 [-0.060, -0.028] (the call before this rule). Fitted
+    alone the variant's data leave it open, and its forecast is not predictable, so the call is
+    "cannot tell yet" and says so, the joint fit's call beside it. A variant whose ceiling is lower
+    is still called worse."""
+    budget = 40_000.0
+    truth = {
+        "baseline": (2000, 2.0, 0.70),
+        "slow": (5500, 1.4, 0.70),
+        "v2": (2000, 2.0, 0.66),
+        "v3": (2400, 2.1, 0.68),
+        "lower": (1800, 2.0, 0.62),
+        "v5": (2200, 1.9, 0.69),
+        "v6": (2000, 2.0, 0.71),
+    }
+    df = campaign_runs(truth, seeds=2, c_max=budget, n_points=41, drift_sd=0.006, seed_sd=0.006, seed=4)
+    cfit = _fit(df, fit_upto=dict.fromkeys(truth, budget / 2))
+    fcs = forecast_campaign(cfit, target=dict.fromkeys(truth, budget), n_resamples=200)
+    slow = fcs["slow"]
+    assert not slow.verdict.predictable and cfit.fits["slow"].B > cfit.fits["slow"].unpooled.B + 0.1
+    call = call_difference(slow, fcs["baseline"], budget)
+    assert call.label == "cannot tell yet", call
+    assert "own fit does not back it" in call.reason and "the joint fit says worse" in call.reason, call.reason
+    assert call.text(DEFAULT_MARGIN).startswith("cannot tell yet: the variant's own fit"), call.text(DEFAULT_MARGIN)
+    lower = call_difference(fcs["lower"], fcs["baseline"], budget)
+    assert lower.label == "worse" and lower.hi < -DEFAULT_MARGIN, lower
