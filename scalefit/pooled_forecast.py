@@ -580,7 +580,7 @@ def forecast_campaign(
 
 
 OWN_RESAMPLES = 200  # the variant's own fit, resampled only to back a call past its data
-SLOWER_OR_LOWER = "slower or lower"
+UNSEPARATED = {"worse": "slower or lower", "better": "faster or higher"}  # what an open ceiling leaves open
 DECIDED = ("worse", "no difference", "better")
 
 
@@ -595,8 +595,9 @@ class Call:
     reason: str = ""
 
     def text(self, margin: float) -> str:
-        if self.label == "cannot tell yet" and self.reason.startswith(SLOWER_OR_LOWER + ": "):
-            return f"{SLOWER_OR_LOWER}: cannot tell yet ({self.reason[len(SLOWER_OR_LOWER) + 2 :]})"
+        for which in UNSEPARATED.values():
+            if self.label == "cannot tell yet" and self.reason.startswith(which + ": "):
+                return f"{which}: cannot tell yet ({self.reason[len(which) + 2 :]})"
         if self.label == "cannot tell yet" and self.reason:
             return f"cannot tell yet: {self.reason}"
         return f"{self.label}: Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
@@ -622,9 +623,12 @@ def _extrapolates(fc: Forecast, at: float) -> bool:
     return at > float(fc.fit.compute.max()) * (1 + 1e-9)
 
 
-def _unsupported(name: str, fc: Forecast, at: float) -> list[str]:
+def _unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list[str]:
     """Why ``fc`` cannot carry a call at ``at`` (empty when it can): not identified, or, past its
-    fitted data, an extrapolation its campaign has not checked or whose asymptote it does not bound."""
+    fitted data, an extrapolation its campaign has not checked or whose asymptote it does not bound.
+    ``open_side`` ("lower" / "upper"): the grid edge A may reach without overturning the call (a
+    variant called better whose ceiling may be higher still); clipped there, its draws only
+    understate the difference."""
     if fc.fit.not_identified:
         return [f"{name}'s fit is not identified"]
     if not _extrapolates(fc, at):
@@ -639,7 +643,7 @@ def _unsupported(name: str, fc: Forecast, at: float) -> list[str]:
     if fc.fit.has_asymptote:  # a power law has no asymptote to bound, its A is not a ceiling
         a_lo, a_hi = fc.interval("A")
         edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
-        if a_lo <= edges[0] + 1e-9 or a_hi >= edges[1] - 1e-9:
+        if (a_lo <= edges[0] + 1e-9 and open_side != "lower") or (a_hi >= edges[1] - 1e-9 and open_side != "upper"):
             why.append(
                 f"{name}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
             )
@@ -687,9 +691,13 @@ def _backed(
     if own_v is variant and own_b is baseline:  # nothing was pooled: the call is the own fits' already
         return call
     pooled = f"the joint fit says {call.text(margin)}"
-    why = _unsupported("the variant's own fit", own_v, budget) + _unsupported("the baseline's own fit", own_b, bb)
+    side = {"worse": ("lower", "upper"), "better": ("upper", "lower")}.get(call.label, ("", ""))
+    why = _unsupported("the variant's own fit", own_v, budget, side[0])
+    why += _unsupported("the baseline's own fit", own_b, bb, side[1])
     if why:
-        prefix = SLOWER_OR_LOWER if any("asymptote" in w for w in why) else "the variant's own fit does not back it"
+        prefix = "the variant's own fit does not back it"
+        if any("asymptote" in w for w in why):
+            prefix = UNSEPARATED.get(call.label, prefix)
         return Call("cannot tell yet", call.delta, call.lo, call.hi, f"{prefix}: {'; '.join(why)}; {pooled}")
     own = Call(*_label(own_v, own_b, budget, bb, margin, level))
     if own.label != call.label:
