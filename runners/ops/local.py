@@ -67,7 +67,7 @@ def run_folder(root: Path, spec: RunSpec) -> Path:
 
 def command(spec: RunSpec, run_id: str, uri: str, root: Path) -> Launch:
     """The run's folder (recipe written) and its ``python -m runners train`` command, whose MLflow
-    calls give up in about 30 s (``tracking.HTTP_LIMITS``)."""
+    calls give up in about 60 s (``tracking.HTTP_LIMITS``)."""
     from runners.ops.tracking import http_limits
 
     rdir = run_folder(root, spec)

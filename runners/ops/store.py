@@ -63,15 +63,20 @@ class StoreError(ValueError):
     """A tracking URI to read from that names no MLflow store."""
 
 
+def sqlite_file(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` URI as written (relative to the working folder if relative), else None."""
+    return Path(uri.removeprefix("sqlite:///").split("?")[0]) if uri.startswith("sqlite:///") else None
+
+
 def existing_store(uri: str) -> str:
     """``uri`` unchanged when there is a store to read: a ``sqlite:///`` path must be an SQLite file
     holding MLflow's tables. MLflow itself would create an empty store at a mistyped path (and
     report no runs), or migrate any other SQLite file into one."""
     if is_local_uri(uri) and not MLFLOW_ALLOW_FILE_STORE.get():  # a path: MLflow's retired file store
         raise StoreError(not_a_tracking_uri(uri))
-    if not uri.startswith("sqlite:///"):
+    path = sqlite_file(uri)
+    if path is None:
         return uri  # a server or database: its own errors name it
-    path = Path(uri.removeprefix("sqlite:///").split("?")[0])
     if not path.is_file():
         raise StoreError(
             f"no MLflow store at {path} (no such file): run a campaign first (make ablation), or name the store"
@@ -88,11 +93,6 @@ def existing_store(uri: str) -> str:
 
 
 NEW_STORE = "--new-store"  # the flag that asks for a store where there is none
-
-
-def sqlite_file(uri: str) -> Path | None:
-    """The file of a ``sqlite:///`` URI as written (relative to the working folder if relative), else None."""
-    return Path(uri.removeprefix("sqlite:///").split("?")[0]) if uri.startswith("sqlite:///") else None
 
 
 def canonical_uri(uri: str) -> str:
@@ -160,10 +160,8 @@ def check_store(uri: str) -> None:
     """An existing SQLite store must be whole before a command writes to it or serves it
     (``StoreError`` naming the file and what to do); MLflow would die in an 83-line traceback.
     A missing or empty file, or a server, is left to the commands that create or reach it."""
-    if not uri.startswith("sqlite:///"):
-        return
-    path = Path(uri.removeprefix("sqlite:///").split("?")[0])
-    if not path.is_file() or path.stat().st_size == 0:
+    path = sqlite_file(uri)
+    if path is None or not path.is_file() or path.stat().st_size == 0:
         return
     problem = damage(path)
     if problem is not None:

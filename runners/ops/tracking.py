@@ -37,11 +37,11 @@ TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 #: A trainer's MLflow HTTP calls, bounded through MLflow's own settings (its defaults: 7 retries,
 #: backoff factor 2, 120 s timeout, about 4 min a call against a server that is gone; with the
-#: sink's 8 attempts a run blocked silently for 39 min). Now a call gives up after about 30 s
-#: (retries after 0, 2, 4, 8 and 16 s), long enough for a campaign to start its dead server again
+#: sink's 8 attempts a run blocked silently for 39 min). Now a call gives up after about 60 s
+#: (retries after 0, 2, 4, 8, 16 and 32 s), long enough for a campaign to start its dead server again
 #: (``runners.ops.watch``); the sink says each failure on the console. The environment overrides them.
 HTTP_LIMITS = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",  # retries after 0, 2, 4, 8, 16, 32 s: ~60 s a call, twice a restart's 31 s
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",  # twice the 31 s a restart took under load
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "1",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",

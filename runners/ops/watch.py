@@ -21,6 +21,7 @@ import psutil
 
 from runners.ops import servers
 from runners.ops.servers import ServerError
+from runners.ops.store import sqlite_file
 from runners.ops.tracking import free_port, local_server, server_record
 
 CHECK_EVERY = 1.0  # seconds between two checks of the server
@@ -120,10 +121,9 @@ class Watched:
 
     def _blocker(self) -> tuple[str, str] | None:
         """What stands in the way of a restart on the same store and port, and its fix."""
-        if self.backend_uri.startswith("sqlite:///"):
-            db = Path(self.backend_uri.removeprefix("sqlite:///").split("?")[0])
-            if not db.is_file():
-                return f"its store {db} is gone", "put it back, then "
+        db = sqlite_file(self.backend_uri)
+        if db is not None and not db.is_file():
+            return f"its store {db} is gone", "put it back, then "
         holder = servers.port_holder(self.port)
         if holder is not None:
             pid = holder.split()[1] if holder.startswith("pid ") else "PID"
