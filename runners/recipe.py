@@ -64,7 +64,7 @@ class LoraSection:
 
 @dataclass
 class ModelConfig:
-    size: str | None = "small"  # embedded base model: tiny | small | medium
+    size: str | None = "small"  # embedded base model: a name in runners.task.sizes.SIZES (tiny, small, medium, ...)
     path: str | None = None  # or any local Hugging Face checkpoint directory
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["sdpa", "eager"] = "sdpa"  # transformers' attn_implementation

@@ -89,7 +89,7 @@ def ensure_base_model(
     tmp.rename(path)  # atomic: a crash mid-build leaves no half-written cache entry
     log(
         f"base model ready: mean@16 {info['val']['mean_at_k']:.3f}, pass@16 {info['val']['pass_at_k']:.3f} "
-        f"({info['seconds']:.0f} s)"
+        f"({info['parameters'] / 1e6:.2f}M parameters, {info['seconds']:.0f} s on {info['device']})"
     )
     return path
 
@@ -141,7 +141,9 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=demos, processing_class=tokenizer, callbacks=[SFTProgress(log)]
     )
+    t_sft = time.perf_counter()
     trainer.train()
+    sft_seconds = time.perf_counter() - t_sft
     shutil.rmtree(out / "sft", ignore_errors=True)
     model = trainer.model
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -159,7 +161,10 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         "key": build_key(size, task),
         "val": metrics,
         "samples": samples,
-        "seconds": time.perf_counter() - t0,
+        "seconds": time.perf_counter() - t0,  # the build's cost: SFT, evaluation and saving
+        "sft_seconds": sft_seconds,
+        "sft_steps": spec.sft_steps,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
     }
 
 
