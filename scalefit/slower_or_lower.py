@@ -1,0 +1,294 @@
+"""Slower or lower: whether an arm differs from the baseline in its ceiling (A), in its efficiency
+(C_mid, B: the compute it takes to reach a level), or in a way its data cannot yet tell apart.
+
+The ScaleRL paper's warning: a change that only slows learning (a learning rate halved) trails the
+baseline early and ends level with it; read at half the budget it looks like a lower ceiling. From
+curves that have not passed their knee, A and (C_mid, B) trade off, and the fit picks one reading.
+
+- ``knee_from_data``: has a curve passed its knee, from the data alone (the slope of the runs'
+  values against log C over the last third of the fitted range against the middle third; a sigmoid
+  in log C steepens until C_mid, then flattens). It does not use the fitted C_mid it is meant to check.
+- ``separate``: from two forecasts' parameter draws, the ceiling difference ΔA, the efficiency ratio
+  (the compute the variant needs to reach the share of its own gain that the baseline reaches at
+  a budget, over the baseline's: C_mid and B, not A), the difference at the budget under the
+  *same-ceiling* reading (the variant's A replaced by the baseline's), and the compute at which a
+  variant only slower would have caught up.
+
+Forecasts are read through their public members only (``fit``, ``samples``, ``level``), so the
+single-variant and the joint campaign forecast serve alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from scalefit.uncertainty import central_percentiles, interval_holding
+
+KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
+SEPARATION_REACH = 1000.0  # the furthest multiple of the budget a separating compute is looked for at
+LEVEL_SHARE = 0.9  # an efficiency is read at most this far from R0 to the lower of the two ceilings
+LATER_FACTOR = 1.25  # an efficiency ratio beyond this (or below its inverse) is called slower (faster)
+
+
+@dataclass(frozen=True)
+class Knee:
+    """The knee test from the data: slopes of value against ln C over the middle and last thirds of
+    the fitted range (in log C), each the mean of the runs' own slopes, with its standard error."""
+
+    slope_middle: float
+    slope_last: float
+    se: float  # standard error of slope_last - slope_middle
+    runs: int
+
+    @property
+    def passed(self) -> bool:
+        """Flattening beyond noise: the data show the knee, whatever a fit says."""
+        return bool(self.slope_last < self.slope_middle - KNEE_Z * self.se)
+
+    def text(self) -> str:
+        state = "past its knee" if self.passed else "not past its knee (still rising as fast or faster)"
+        return (
+            f"{state} by the data: slope {self.slope_last:.3f} per e-fold of compute over the last third"
+            f" of its data, {self.slope_middle:.3f} over the middle third"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "slope_middle": self.slope_middle,
+            "slope_last": self.slope_last,
+            "se": self.se,
+            "runs": self.runs,
+        }
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.polyfit(x, y, 1)[0]) if len(x) >= 2 and np.ptp(x) > 0 else np.nan
+
+
+def knee_from_data(compute, value, runs=None) -> Knee | None:
+    """The knee test on fitted points (``runs``: each point's run label; one run when omitted).
+    Zero compute is left out (no log). None with fewer than two points in a third of any run."""
+    c, y = np.asarray(compute, float), np.asarray(value, float)
+    r = np.zeros(len(c), int) if runs is None else np.asarray(runs)
+    keep = c > 0
+    c, y, r = c[keep], y[keep], r[keep]
+    if len(c) < 4:
+        return None
+    x = np.log(c)
+    lo, hi = x.min(), x.max()
+    mid_third = (x >= lo + (hi - lo) / 3) & (x < lo + 2 * (hi - lo) / 3)
+    last_third = x >= lo + 2 * (hi - lo) / 3
+    pairs = []
+    for run in np.unique(r):
+        m = r == run
+        s_mid, s_last = _slope(x[m & mid_third], y[m & mid_third]), _slope(x[m & last_third], y[m & last_third])
+        if np.isfinite(s_mid) and np.isfinite(s_last):
+            pairs.append((s_mid, s_last))
+    if not pairs:
+        return None
+    mids, lasts = np.array(pairs).T
+    if len(pairs) >= 2:
+        se = float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs)))
+    else:  # one run: the residual scatter about each third's line
+        se = _one_run_se(x, y, mid_third, last_third)
+    return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs))
+
+
+def _one_run_se(x: np.ndarray, y: np.ndarray, *thirds: np.ndarray) -> float:
+    """Standard error of the difference of two OLS slopes, each over one third of one run."""
+    var = 0.0
+    for m in thirds:
+        xs, ys = x[m], y[m]
+        if len(xs) < 3:
+            return np.inf
+        resid = ys - np.polyval(np.polyfit(xs, ys, 1), xs)
+        var += float(np.sum(resid**2) / (len(xs) - 2) / np.sum((xs - xs.mean()) ** 2))
+    return float(np.sqrt(var))
+
+
+@dataclass(frozen=True)
+class Separation:
+    """A variant against the baseline: its ceiling, its efficiency, and what the data cannot tell."""
+
+    delta_a: float  # variant A - baseline A (point fits)
+    delta_a_interval: tuple[float, float]
+    ceiling_open: bool  # either A interval reaches its grid's edge: the ceiling is not bounded
+    share: float  # the share of its gain the efficiency is read at (``_share``)
+    later: float  # compute the variant needs to reach ``share`` of its gain, over what the baseline needs
+    later_interval: tuple[float, float]  # inf: not within reach
+    same_ceiling_delta: float  # the difference at the budget if the variant had the baseline's ceiling
+    same_ceiling_interval: tuple[float, float]
+    separating_compute: float | None  # where a variant only slower would come within margin/2 of the baseline
+    margin: float
+
+    @property
+    def ceiling(self) -> str:
+        """lower | higher | same | cannot tell"""
+        lo, hi = self.delta_a_interval
+        if not self.ceiling_open and hi < -self.margin:
+            return "lower"
+        if not self.ceiling_open and lo > self.margin:
+            return "higher"
+        if not self.ceiling_open and -self.margin <= lo and hi <= self.margin:
+            return "same"
+        return "cannot tell"
+
+    @property
+    def efficiency(self) -> str:
+        """slower | faster | same | cannot tell (by the compute to reach ``share`` of its own gain,
+    against the baseline's: C_mid and B, not A)"""
+        lo, hi = self.later_interval
+        if lo > LATER_FACTOR:
+            return "slower"
+        if hi < 1 / LATER_FACTOR:
+            return "faster"
+        if lo >= 1 / LATER_FACTOR and hi <= LATER_FACTOR:
+            return "same"
+        return "cannot tell"
+
+    def text(self) -> str:
+        """One line a user reads: which of ceiling and efficiency differ."""
+        lo, hi = self.delta_a_interval
+        ceiling = {
+            "lower": f"lower ceiling (ΔA {self.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}])",
+            "higher": f"higher ceiling (ΔA {self.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}])",
+            "same": f"same ceiling (ΔA {self.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}])",
+            "cannot tell": f"ceiling not yet told (ΔA {self.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            + (", unbounded)" if self.ceiling_open else ")"),
+        }[self.ceiling]
+        return f"{ceiling}; {self.efficiency_text()}"
+
+    def efficiency_text(self) -> str:
+        lo, hi = self.later_interval
+        span = f"[{_times(lo)}, {_times(hi)}]"
+        at = f"reaches {self.share:.0%} of its gain"
+        if not np.isfinite(self.later):
+            return f"{at} at no compute within reach {span}"
+        return f"{at} at {self.later:.2g}× the baseline's compute {span}"
+
+    def separation_text(self, budget: float) -> str:
+        if self.separating_compute is None:
+            return "no compute within 1000× the budget separates slower from lower"
+        c = self.separating_compute
+        if c <= budget * 1.01:
+            return "the budget itself separates slower from lower"
+        return f"compute {c:.3g} ({c / budget:.2g}× the budget) would separate slower from lower"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ceiling": self.ceiling,
+            "efficiency": self.efficiency,
+            "delta_A": self.delta_a,
+            "delta_A_interval": list(self.delta_a_interval),
+            "ceiling_open": self.ceiling_open,
+            "later": self.later,
+            "later_interval": list(self.later_interval),
+            "same_ceiling_delta": self.same_ceiling_delta,
+            "same_ceiling_interval": list(self.same_ceiling_interval),
+            "separating_compute": self.separating_compute,
+        }
+
+
+def _times(x: float) -> str:
+    return "∞" if not np.isfinite(x) else f"{x:.2g}×"
+
+
+def _params(fc) -> np.ndarray:
+    """The forecast's draws as columns A, B, C_mid, R0."""
+    names = fc.fit.sample_names
+    return np.stack([fc.samples[:, names.index(p)] for p in ("A", "B", "C_mid", "R0")], axis=1)
+
+
+def _point(fc) -> np.ndarray:
+    return np.array([[float(getattr(fc.fit, p)) for p in ("A", "B", "C_mid", "R0")]])
+
+
+def _share(b: np.ndarray, bb: float) -> np.ndarray:
+    """The share of its gain (A - R0) the baseline reaches at its budget, at most ``LEVEL_SHARE``
+    (near a plateau the compute to reach a share turns on a hair's difference of A, not on speed)."""
+    return np.minimum((_curve(b, np.array([bb]))[:, 0] - b[:, 3]) / (b[:, 0] - b[:, 3]), LEVEL_SHARE)
+
+
+def _to_share(params: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """Compute at which each sigmoid reaches ``share`` of its own gain (inf at a share of 1 or more)."""
+    _, b, cm, _ = params.T
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = cm * (share / (1 - share)) ** (1 / b)
+    return np.where((share > 0) & (share < 1), c, np.inf)
+
+
+def _a_open(fc) -> bool:
+    lo, hi = fc.interval("A")
+    grid = fc.fit.a_grid
+    return bool(lo <= float(grid.min()) + 1e-9 or hi >= float(grid.max()) - 1e-9)
+
+
+def _curve(params: np.ndarray, c: np.ndarray) -> np.ndarray:
+    a, b, cm, r0 = (params[:, i : i + 1] for i in range(4))
+    return r0 + (a - r0) / (1 + (cm / c[None, :]) ** b)
+
+
+def separate(variant, baseline, budget: float, baseline_budget: float | None = None, *, margin: float) -> Separation:
+    """Ceiling against efficiency, from two sigmoid forecasts' draws (paired row by row where they
+    come from one simulated campaign). ``budget``: where the variant is compared; the baseline at
+    ``baseline_budget`` (default the same)."""
+    bb = budget if baseline_budget is None else baseline_budget
+    level = variant.level
+    v, b = _params(variant), _params(baseline)
+    n = min(len(v), len(b))
+    ok = np.isfinite(v[:n]).all(axis=1) & np.isfinite(b[:n]).all(axis=1)  # pairs where both refits held
+    v, b = v[:n][ok], b[:n][ok]
+    pv, pb = _point(variant), _point(baseline)
+    q = central_percentiles(level)
+
+    da = v[:, 0] - b[:, 0]
+    da_point = float(pv[0, 0] - pb[0, 0])
+    da_lo, da_hi = interval_holding(da, da_point, level)
+
+    share = _share(b, bb)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        later = _to_share(v, share) / _to_share(b, share)
+    q_point = _share(pb, bb)
+    later_point = float(_to_share(pv, q_point)[0] / _to_share(pb, q_point)[0])
+    later = np.where(np.isnan(later), np.inf, later)
+    l_lo, l_hi = (float(x) for x in np.percentile(later, q))  # inf draws sort last: an open upper end
+    l_lo, l_hi = min(l_lo, later_point), max(l_hi, later_point)
+
+    same = v.copy()
+    same[:, 0] = b[:, 0]
+    ds = _curve(same, np.array([budget]))[:, 0] - _curve(b, np.array([bb]))[:, 0]
+    same_point = np.concatenate([pb[:, :1], pv[:, 1:]], axis=1)
+    ds_point = float(_curve(same_point, np.array([budget]))[0, 0] - _curve(pb, np.array([bb]))[0, 0])
+    ds_lo, ds_hi = interval_holding(ds, ds_point, level)
+
+    return Separation(
+        delta_a=da_point,
+        delta_a_interval=(da_lo, da_hi),
+        ceiling_open=_a_open(variant) or _a_open(baseline),
+        share=float(q_point[0]),
+        later=later_point,
+        later_interval=(l_lo, l_hi),
+        same_ceiling_delta=ds_point,
+        same_ceiling_interval=(ds_lo, ds_hi),
+        separating_compute=separating_compute(pv, pb, budget, margin),
+        margin=margin,
+    )
+
+
+def separating_compute(pv: np.ndarray, pb: np.ndarray, budget: float, margin: float) -> float | None:
+    """The least compute from ``budget`` on at which the variant, read as only slower (the baseline's
+    ceiling, its own C_mid and B), comes within half the margin of the baseline: measured there, a
+    slower variant reads "no difference" and a lower one stays ``|ΔA|`` below. None where the fitted
+    ceilings lie within the margin (nothing to separate) or the readings meet only past
+    ``SEPARATION_REACH`` budgets."""
+    if abs(float(pv[0, 0] - pb[0, 0])) <= margin:
+        return None
+    same = np.concatenate([pb[:, :1], pv[:, 1:]], axis=1)
+    c = budget * np.geomspace(1.0, SEPARATION_REACH, 400)
+    gap = np.abs(_curve(same, c)[0] - _curve(pb, c)[0])
+    hit = np.flatnonzero(gap <= margin / 2)
+    return float(c[hit[0]]) if len(hit) else None

@@ -1,0 +1,83 @@
+"""Slower or lower (scalefit.slower_or_lower): the knee read from the data, and a variant's
+difference split into its ceiling and its efficiency, on synthetic campaigns whose truth is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scalefit.curve import sigmoid
+from scalefit.pooled_forecast import fit_and_forecast_campaign
+from scalefit.slower_or_lower import knee_from_data, separate, separating_compute
+from scalefit.synthetic import campaign_runs
+
+CM = 3000.0
+
+
+def _curve(c_max: float, cm: float = CM, b: float = 1.8, seeds: int = 4, sd: float = 0.004):
+    rng = np.random.default_rng(0)
+    c = np.tile(np.geomspace(c_max / 30, c_max, 20), seeds)
+    runs = np.repeat(np.arange(seeds), 20)
+    y = sigmoid(c, 0.8, b, cm, 0.3) + rng.normal(0, sd, len(c))
+    return c, y, runs
+
+
+def test_the_knee_is_read_from_the_data_not_from_a_fit():
+    before = knee_from_data(*_curve(c_max=0.8 * CM))  # the data end before C_mid: still steepening
+    after = knee_from_data(*_curve(c_max=20 * CM))  # well past it: flattening
+    assert before is not None and not before.passed and before.slope_last > before.slope_middle
+    assert after is not None and after.passed and after.slope_last < after.slope_middle
+    assert "not past its knee" in before.text() and "past its knee" in after.text()
+
+
+def test_one_run_gets_a_knee_test_with_its_own_scatter():
+    c, y, _ = _curve(c_max=20 * CM, seeds=1)
+    k = knee_from_data(c, y)
+    assert k is not None and k.runs == 1 and np.isfinite(k.se) and k.passed
+
+
+def test_too_few_points_give_no_knee_test():
+    assert knee_from_data([0, 10, 20], [0.1, 0.2, 0.3]) is None
+
+
+@pytest.fixture(scope="module")
+def campaign():
+    """baseline; slower (same A, C_mid 3x); lower (A - 0.08, same C_mid): run far past every knee."""
+    truth = {"baseline": (CM, 1.8, 0.75), "slower": (3 * CM, 1.8, 0.75), "lower": (CM, 1.8, 0.67)}
+    df = campaign_runs(truth, seeds=4, seed=3, c_max=15 * CM, n_points=41, n_prompts=1000)
+    data = {v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")}
+    _, fcs = fit_and_forecast_campaign(data, n_resamples=300, backtest=False)
+    return fcs, float(df["compute"].max())
+
+
+def test_a_slower_variant_is_read_as_slower_not_lower(campaign):
+    fcs, budget = campaign
+    s = separate(fcs["slower"], fcs["baseline"], budget, margin=0.02)
+    assert s.ceiling == "same", s.text()
+    assert s.efficiency == "slower", s.text()
+    assert 2.5 < s.later < 3.6, s.text()  # the truth: C_mid 3x, B the same
+    assert "the baseline's compute" in s.efficiency_text()
+
+
+def test_a_lower_variant_is_read_as_lower_not_slower(campaign):
+    fcs, budget = campaign
+    s = separate(fcs["lower"], fcs["baseline"], budget, margin=0.02)
+    assert s.ceiling == "lower", s.text()
+    assert s.efficiency == "same", s.text()
+    assert s.delta_a_interval[1] < -0.02
+
+
+def test_the_separating_compute_is_where_a_slower_reading_would_have_caught_up():
+    """A variant fitted lower and slower, read at a budget before it caught up: if it were only
+    slower (the baseline's ceiling, its own C_mid and B), it would come within half the margin of
+    the baseline at the compute given, and not before."""
+    base = np.array([[0.75, 1.8, CM, 0.3]])
+    variant = np.array([[0.67, 1.8, 3 * CM, 0.3]])
+    c = separating_compute(variant, base, CM, 0.02)
+    assert c is not None and c > CM
+
+    def gap(at: float) -> float:
+        return abs(sigmoid(at, 0.75, 1.8, 3 * CM, 0.3) - sigmoid(at, 0.75, 1.8, CM, 0.3))
+
+    assert gap(c) <= 0.01 < gap(c / 1.05)
+    assert separating_compute(np.array([[0.74, 1.8, 3 * CM, 0.3]]), base, CM, 0.02) is None  # |ΔA| within margin
