@@ -1,9 +1,9 @@
-"""What a campaign is: its file (a baseline recipe, overrides, seeds, axes, controls, fit
-settings), its expansion into runs, and each run's identity.
+"""What a campaign is: its file (a baseline recipe, overrides, seeds, axes, controls, a scale
+campaign's sizes, fit settings), its expansion into runs, and each run's identity.
 
-Running one is ``runners.ops.campaign_runs`` (MLflow bookkeeping) with a scheduler beside it:
-``runners.ops.local`` (processes on this machine), ``runners.ops.cluster`` (Ray tasks) or
-``runners.ops.slurm`` (SLURM jobs).
+Running one is ``runners.ops.campaign_runs`` (MLflow bookkeeping) with the backend its ``backend:``
+key names (``runners.ops.backends``: local processes, Ray tasks, SLURM jobs), whose settings it
+carries, parsed, as ``backend_settings``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from runners.contract import COMPUTE_METRICS
 from runners.identity import run_key
@@ -25,8 +27,12 @@ from runners.recipe import (
     read_yaml,
     recipe_from_dict,
 )
+from runners.task.sizes import SIZES, parameter_count
 from scalefit.errors import FitError
 from scalefit.settings import FitSettings
+
+if TYPE_CHECKING:
+    from runners.ops.backends import BackendSettings
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
@@ -101,77 +107,6 @@ class Adaptive:
 
 
 @dataclass
-class Slurm:
-    """A campaign's ``slurm:`` section: what each run's SLURM job asks for (``runners.ops.slurm``)."""
-
-    time: int  # minutes: the job's time limit (a run that reaches it is requeued and resumes)
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    gpus: int = 0  # per run (> 1: DDP through accelerate, as gpus_per_run does locally)
-    cpus: int = 1  # per run
-    mem_gb: float | None = None  # per run; None: the partition's default
-    constraint: str | None = None
-    setup: list[str] = field(default_factory=list)  # shell lines run before each run (module load, venv)
-    sbatch: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {reservation: x}
-
-    @classmethod
-    def parse(cls, spec: Any) -> Slurm:
-        example = "{time: '4:00:00', partition: gpu, account: lab, gpus: 1, cpus: 8, mem_gb: 64}"
-        if not isinstance(spec, dict):
-            raise CampaignError(f"slurm = {spec!r}: expected a mapping, e.g. {example}")
-        keys = list(cls.__dataclass_fields__)
-        unknown = sorted(set(spec) - set(keys))
-        if unknown:
-            near = difflib.get_close_matches(str(unknown[0]), keys, n=1)
-            hint = f"; did you mean 'slurm.{near[0]}'?" if near else f"; known keys: {', '.join(keys)}"
-            raise CampaignError(f"unknown key 'slurm.{unknown[0]}' in the campaign's slurm section{hint}")
-        if "time" not in spec:
-            raise CampaignError(f"slurm.time missing: each job's time limit, minutes or '[D-]HH:MM:SS', e.g. {example}")
-        out = dict(spec, time=_minutes(spec["time"]))
-        for key in ("partition", "account", "qos", "constraint"):
-            if out.get(key) is not None and (not isinstance(out[key], str) or not out[key].strip()):
-                raise CampaignError(f"slurm.{key} = {out[key]!r}: expected a name, e.g. {key}: my-{key}")
-        for key, low in (("gpus", 0), ("cpus", 1)):
-            v = out.get(key, low)
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise CampaignError(f"slurm.{key} = {v!r}: expected a whole number >= {low} per run")
-        v = out.get("mem_gb")
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
-            raise CampaignError(f"slurm.mem_gb = {v!r}: expected the memory of each run in GB, e.g. 32")
-        v = out.get("setup", [])
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise CampaignError(f"slurm.setup = {v!r}: expected a list of shell lines, e.g. ['module load cuda']")
-        v = out.get("sbatch", {})
-        if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
-            raise CampaignError(f"slurm.sbatch = {v!r}: expected sbatch options as a mapping, e.g. {{exclude: node7}}")
-        return cls(**out)
-
-
-def _minutes(v: Any) -> int:
-    """A SLURM time limit as whole minutes: a number of minutes, 'HH:MM:SS' or 'D-HH[:MM[:SS]]'
-    (SLURM reads 'A:B' as minutes:seconds, so that ambiguous form is refused)."""
-    bad = CampaignError(f"slurm.time = {v!r}: expected minutes (e.g. 240), 'HH:MM:SS' or 'D-HH:MM:SS' ('1-12:00:00')")
-    if isinstance(v, int) and not isinstance(v, bool):
-        if v < 1:
-            raise bad
-        return v
-    if not isinstance(v, str):
-        raise bad
-    days, dash, clock = v.strip().rpartition("-")
-    parts = clock.split(":")
-    if not all(x.isdigit() for x in parts) or (dash and not days.isdigit()) or len(parts) > 3:
-        raise bad
-    if not dash and len(parts) != 3:
-        raise bad
-    h, m, s = (int(x) for x in (parts + ["0", "0"])[:3])
-    total = (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
-    if total < 1 or m >= 60 or s >= 60:
-        raise bad
-    return total
-
-
-@dataclass
 class Axis:
     key: str  # dotted recipe key, e.g. algorithm.loss
     values: list[Any]
@@ -182,21 +117,17 @@ class Campaign:
     name: str
     baseline: str
     path: Path
-    kind: str = "loo"  # loo | forward
+    kind: str = "loo"  # loo | forward | scale
     seeds: list[int] = field(default_factory=lambda: [0])
     baseline_seeds: list[int] | None = None  # extra seeds for the baseline only
     overrides: dict[str, Any] = field(default_factory=dict)
     axes: dict[str, Axis] = field(default_factory=dict)
     controls: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {dotted key: value, ...}
+    sizes: dict[str, dict[str, Any]] = field(default_factory=dict)  # scale: embedded size -> its own overrides
     fit: FitSettings = field(default_factory=FitSettings)
     adaptive: Adaptive | None = None  # decision points at which variants the scaling law rules out stop
-    parallel: int = 1  # concurrent runs on CPU
-    runs_per_gpu: int = 1
-    gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
-    backend: str = "local"  # local (processes on this machine) | ray (tasks on a Ray cluster) | slurm (jobs)
-    ray_address: str | None = None  # None: start a local Ray instance; "auto" or ray://host:port: join a cluster
-    slurm: Slurm | None = None  # backend slurm: each run's job (time limit, partition, account, resources)
-    max_retries: int = 3  # re-runs of a run killed by a signal (preempted, segfault, OOM kill); it resumes
+    backend: str = "local"  # a registered backend (``runners.ops.backends``): local, ray, slurm
+    backend_settings: BackendSettings | None = None  # its keys (parallel, ray_address, slurm, ...), parsed
 
 
 @dataclass
@@ -209,10 +140,12 @@ class RunSpec:
     run_key: str
 
 
-CAMPAIGN_KEYS = {f for f in Campaign.__dataclass_fields__ if f != "path"}
+CAMPAIGN_KEYS = {f for f in Campaign.__dataclass_fields__ if f not in ("path", "backend_settings")}  # + backends'
 
 
 def load_campaign(ref: str | Path) -> Campaign:
+    from runners.ops.backends import campaign_keys, parse_backend
+
     p = Path(ref)
     if not p.is_file():
         cand = CAMPAIGNS_DIR / (p.name if p.suffix else f"{p.name}.yaml")
@@ -224,11 +157,12 @@ def load_campaign(ref: str | Path) -> Campaign:
         data = read_yaml(p, "campaign")
     except RecipeError as e:
         raise CampaignError(str(e)) from None
-    unknown = sorted(set(data) - CAMPAIGN_KEYS)
+    known = CAMPAIGN_KEYS | campaign_keys()
+    unknown = sorted(set(data) - known)
     if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), CAMPAIGN_KEYS, n=1)
+        close = difflib.get_close_matches(str(unknown[0]), known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        valid = ", ".join(sorted(CAMPAIGN_KEYS))
+        valid = ", ".join(sorted(known))
         raise CampaignError(f"{p}: unknown campaign key {unknown[0]!r}{hint} Valid keys: {valid}")
     for req in ("name", "baseline"):
         if req not in data:
@@ -248,25 +182,21 @@ def load_campaign(ref: str | Path) -> Campaign:
         _named(p, f"control {name!r}", name, "a control", "lr_half")
         if not isinstance(over, dict) or not over:
             raise CampaignError(f"{p}: control {name!r} needs {{dotted.recipe.key: value, ...}}, got {over!r}")
+    if "sizes" in data:
+        data["sizes"] = _sizes(p, data["sizes"])
     adaptive = data.pop("adaptive", None)
-    slurm = data.pop("slurm", None)
     try:
         data["fit"] = fit_settings(data.get("fit"))  # parsed once, here: the campaign carries the result
         if adaptive is not None:
             adaptive = Adaptive.parse(adaptive, data["fit"])
-        if slurm is not None:
-            slurm = Slurm.parse(slurm)
+        settings = parse_backend(data.get("backend", "local"), data)  # its keys: the backend's, typed
     except CampaignError as e:
         raise CampaignError(f"{p}: {e}") from None
-    camp = Campaign(path=p, axes=axes, controls=controls, adaptive=adaptive, slurm=slurm, **data)
-    if camp.kind not in ("loo", "forward"):
-        raise CampaignError(f"{p}: kind = {camp.kind!r}; choose loo or forward")
-    if camp.backend not in ("local", "ray", "slurm"):
-        raise CampaignError(f"{p}: backend = {camp.backend!r}; choose local, ray or slurm")
-    if camp.backend == "slurm" and camp.slurm is None:
-        raise CampaignError(f"{p}: backend slurm needs a slurm section with the jobs' time limit: slurm: {{time: 240}}")
-    if camp.backend == "slurm" and "gpus_per_run" in data:
-        raise CampaignError(f"{p}: on SLURM each job's GPUs are slurm.gpus; remove gpus_per_run")
+    data = {k: v for k, v in data.items() if k in CAMPAIGN_KEYS}
+    camp = Campaign(path=p, axes=axes, controls=controls, adaptive=adaptive, backend_settings=settings, **data)
+    if camp.kind not in ("loo", "forward", "scale"):
+        raise CampaignError(f"{p}: kind = {camp.kind!r}; choose loo, forward or scale")
+    _check_scale(p, camp, data)
     if camp.kind == "forward" and len(axes) != 1:
         raise CampaignError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
     return camp
@@ -278,10 +208,6 @@ def _check_types(p: Path, data: dict[str, Any]) -> None:
         if key in data and not isinstance(data[key], str):
             raise CampaignError(f"{p}: {key} = {data[key]!r}: expected a string")
     _named(p, f"name = {data['name']!r}", data["name"], "a campaign", "my-campaign")
-    for key in ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries"):
-        v = data.get(key)
-        if key in data and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "max_retries" else 1)):
-            raise CampaignError(f"{p}: {key} = {v!r}: expected a whole number >= {0 if key == 'max_retries' else 1}")
     for key in ("seeds", "baseline_seeds"):
         v = data.get(key)
         if v is None and key == "baseline_seeds":
@@ -300,6 +226,82 @@ def _check_types(p: Path, data: dict[str, Any]) -> None:
     for key in ("overrides", "fit", "axes", "controls"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise CampaignError(f"{p}: {key} = {data[key]!r}: expected a mapping")
+
+
+SIZES_EXAMPLE = "sizes: [nano, micro, mini], or each with its budget: {nano: {train.steps: 200}, mini: {}}"
+
+
+def _sizes(p: Path, spec: Any) -> dict[str, dict[str, Any]]:
+    """A scale campaign's ``sizes:``: embedded sizes as a list, or a mapping of each to its own recipe
+    overrides (its budget, ``{train.steps: 300}``): two or more, each known, none twice."""
+    if isinstance(spec, list):
+        _no_repeats(p, "sizes", spec)
+        spec = {name: {} for name in spec} if all(isinstance(n, str) for n in spec) else spec
+    if not isinstance(spec, dict):
+        raise CampaignError(f"{p}: sizes = {spec!r}: expected {SIZES_EXAMPLE}")
+    twice = _repeated_keys(p, "sizes")
+    if twice:
+        raise CampaignError(f"{p}: sizes lists {twice!r} twice; each size names its runs once: remove one")
+    for name, over in spec.items():
+        if not isinstance(name, str) or name not in SIZES:
+            near = difflib.get_close_matches(str(name), SIZES, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise CampaignError(
+                f"{p}: sizes: {name!r} is not an embedded model size; {hint}choose from {', '.join(SIZES)}"
+            )
+        if over is not None and (not isinstance(over, dict) or any(not isinstance(k, str) for k in over)):
+            raise CampaignError(f"{p}: sizes: {name!r} needs {{dotted.recipe.key: value, ...}}, got {over!r}")
+        fixed = sorted({"model.size", "model.path"} & set(over or {}))
+        if fixed:
+            raise CampaignError(f"{p}: sizes: {name!r} sets {fixed[0]}, which the size itself sets: remove it")
+    if len(spec) < 2:
+        raise CampaignError(f"{p}: sizes = {list(spec)}: a scale campaign needs two or more, e.g. {SIZES_EXAMPLE}")
+    return {name: dict(over or {}) for name, over in spec.items()}
+
+
+def _repeated_keys(p: Path, section: str) -> str | None:
+    """A key written twice in a top-level mapping of the file (YAML keeps only the last, silently)."""
+    try:
+        root = yaml.compose(p.read_text())
+    except yaml.YAMLError:
+        return None
+    for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode) else []:
+        if key.value == section and isinstance(value, yaml.MappingNode):
+            names = [k.value for k, _ in value.value]
+            return next((n for i, n in enumerate(names) if n in names[:i]), None)
+    return None
+
+
+def _check_scale(p: Path, camp: Campaign, data: dict[str, Any]) -> None:
+    """What a scale campaign (one recipe at every size) needs, and what only it takes."""
+    if camp.kind != "scale":
+        if camp.sizes:
+            raise CampaignError(f"{p}: sizes is for kind: scale (one recipe at every size): remove it, or set the kind")
+        return
+    if not camp.sizes:
+        raise CampaignError(f"{p}: kind scale needs the sizes to run, e.g. {SIZES_EXAMPLE}")
+    for key in ("axes", "controls", "baseline_seeds", "adaptive"):
+        if getattr(camp, key):
+            raise CampaignError(
+                f"{p}: a scale campaign runs one recipe at every size, so it takes no {key}: remove it "
+                "(a LOO campaign with overrides: {model.size: NAME} ablates at one size)"
+            )
+    if "model.size" in camp.overrides or "model.path" in camp.overrides:
+        raise CampaignError(f"{p}: overrides sets model.size or model.path, which each of the sizes sets: remove it")
+
+
+def size_budgets(specs: list[RunSpec]) -> list[str]:
+    """A scale campaign's sizes, one line each: parameters and budget in steps and completions (the
+    fit's compute unit when it fits against compute/samples)."""
+    lines = {}
+    for s in specs:
+        r = s.recipe
+        lines.setdefault(
+            s.value,
+            f"  size {s.value:<8} {parameter_count(s.value) / 1e6:6.2f}M parameters, budget {r.train.steps} steps"
+            f" = {r.planned_samples:,} completions",
+        )
+    return list(lines.values())
 
 
 def _named(p: Path, what: str, name: Any, kind: str, example: str) -> None:
@@ -328,6 +330,17 @@ def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
     except RecipeError as e:
         raise CampaignError(f"{camp.path}: baseline {camp.baseline!r} with the campaign's overrides: {e}") from None
     variants: list[tuple[str, str | None, Any, dict[str, Any]]] = []
+    if camp.kind == "scale":
+        if base_flat.get("model.path"):
+            raise CampaignError(
+                f"{camp.path}: baseline {camp.baseline!r} loads model.path {base_flat['model.path']!r}; a scale "
+                "campaign builds each embedded size: use a recipe with model.size"
+            )
+        for name, over in camp.sizes.items():
+            bad = next((k for k in over if k not in base_flat), None)
+            if bad is not None:
+                raise CampaignError(f"{camp.path}: sizes: {name!r}: {bad!r} is not a recipe key")
+            variants.append((f"size={name}", "size", name, {**over, "model.size": name}))
     if camp.kind == "loo":
         variants.append(("baseline", None, None, {}))
     for axis_name, axis in camp.axes.items():

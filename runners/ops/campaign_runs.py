@@ -1,7 +1,7 @@
 """Running a campaign: its runs' MLflow bookkeeping (an experiment per campaign, a parent run, a
 child run per variant x seed with the recipe as params), what is done and what is left, and
-handing the rest to a scheduler (``runners.ops.local``, ``runners.ops.cluster`` (Ray) or
-``runners.ops.slurm``).
+handing the rest to the campaign's backend (``runners.ops.backends``: local processes, Ray tasks
+or SLURM jobs).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
 its checkpoint into the same MLflow run. One process runs a campaign on a store at a time: it
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ from runners.contract import STOP_FILE
 from runners.identity import code_version
 from runners.modes import make_dir
 from runners.ops import store, ui
+from runners.ops.backends import Launch, backend_of, run_all
 from runners.ops.campaign import (
     Campaign,
     CampaignError,
@@ -34,11 +34,13 @@ from runners.ops.campaign import (
     fit_settings,
     fmt_value,
     load_campaign,
+    size_budgets,
 )
-from runners.ops.local import Launch, command, run_folder, run_local
+from runners.ops.local import command, run_folder
 from runners.ops.locks import hold
 from runners.recipe import Recipe
 from runners.runfolder import has_history, recorded_store, remember_store, set_aside
+from runners.task.sizes import parameter_count
 
 
 def status_of(run: Run | None) -> str:
@@ -84,20 +86,7 @@ def run_campaign(
 
 def check_backend(camp: Campaign) -> None:
     """Refuse a campaign whose backend is not installed or reachable here, naming the set-up."""
-    if camp.backend == "ray" and importlib.util.find_spec("ray") is None:
-        raise CampaignError(
-            f"campaign {camp.name} runs on Ray, which is not installed here: `make setup-full` "
-            "(or pip install -r requirements.lock -r requirements-full.lock) installs the pinned ray"
-        )
-    if camp.backend == "slurm":
-        if importlib.util.find_spec("submitit") is None:
-            raise CampaignError(
-                f"campaign {camp.name} runs on SLURM through submitit, which is not installed here: "
-                "`make setup` (or pip install -r requirements.lock) installs the pinned submitit"
-            )
-        from runners.ops.slurm import check_slurm
-
-        check_slurm()
+    backend_of(camp).check()
 
 
 def check_folders(camp: Campaign, specs: list[RunSpec], runs_root: Path) -> None:
@@ -153,6 +142,9 @@ def _run_campaign(
     log(f"campaign {camp.name}: {len(specs)} runs ({camp.kind}, seeds {camp.seeds}), tracking {uri}")
     for s in specs:
         log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
+    if camp.kind == "scale":
+        for line in size_budgets(specs):
+            log(line)
     if dry_run:
         if missing:
             log(f"no MLflow store at {db} yet (--dry-run creates none): {_creates(uri, new_store)}")
@@ -228,24 +220,7 @@ def _run_campaign(
             if monitor is not None:
                 monitor()
 
-        if camp.backend == "ray":
-            from runners.ops.cluster import run_on_ray
-
-            failures = run_on_ray(
-                todo,
-                prepare,
-                address=camp.ray_address,
-                gpus_per_run=camp.gpus_per_run,
-                max_retries=camp.max_retries,
-                log=log,
-                monitor=poll,
-            )
-        elif camp.backend == "slurm":
-            from runners.ops.slurm import run_on_slurm
-
-            failures = run_on_slurm(camp, todo, prepare, root, log, monitor=poll)
-        else:
-            failures = run_local(camp, todo, prepare, root, log, monitor=poll)
+        failures = run_all(backend_of(camp, log), todo, prepare, root, monitor=poll)
         saved = None
         if monitor is not None:
             monitor(force=True)
@@ -345,7 +320,9 @@ def _parent(client: MlflowClient, exp_id: str, camp: Campaign) -> Run:
 
 
 def _campaign_tags(camp: Campaign, spec: RunSpec, parent: Run) -> dict[str, str]:
+    sized = {store.SIZE: spec.value, store.PARAMETERS: str(parameter_count(spec.value))} if camp.kind == "scale" else {}
     return {
+        **sized,
         "mlflow.parentRunId": parent.info.run_id,
         store.CAMPAIGN: camp.name,
         store.VARIANT: spec.variant,

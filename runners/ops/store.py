@@ -34,6 +34,8 @@ VARIANT = "prl.variant"  # "baseline", "loss=dapo", "control=lr_half", ...
 AXIS = "prl.axis"
 VALUE = "prl.value"
 SEED = "prl.seed"
+SIZE = "prl.size"  # a scale campaign's run: its embedded model size ("nano", "large", ...)
+PARAMETERS = "prl.parameters"  # and that size's parameter count
 CODE_VERSION = "prl.code_version"
 GIT_COMMIT = "prl.git_commit"
 VERSIONS = "prl.versions"

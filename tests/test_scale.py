@@ -1,0 +1,99 @@
+"""Across model size (issue 44): a scale campaign's file, expansion and bad input, and one real tiny
+scale campaign on CPU whose runs MLflow groups by size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runners.ops.campaign import CampaignError, expand, load_campaign, size_budgets
+from runners.task.sizes import parameter_count
+from tests.campaigns import write_campaign
+
+
+def scale_campaign(path: Path, sizes, steps: int = 4, **extra) -> Path:
+    """A scale campaign of the tiny runs of ``tests.campaigns`` at ``sizes``."""
+    path = write_campaign(path, "scale", steps, {}, **{"kind": "scale", "sizes": sizes, **extra})
+    doc = json.loads(path.read_text())
+    doc.pop("axes")
+    doc["overrides"].pop("model.size")
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_scale_campaign_runs_one_recipe_at_every_size_each_with_its_budget(tmp_path):
+    camp = load_campaign(scale_campaign(tmp_path / "s.yaml", {"pico": {"train.steps": 6}, "tiny": None}, seeds=[0, 1]))
+    specs = expand(camp)
+    assert [(s.variant, s.axis, s.value, s.seed) for s in specs] == [
+        (f"size={n}", "size", n, seed) for n in ("pico", "tiny") for seed in (0, 1)
+    ]
+    assert [s.recipe.model.size for s in specs] == ["pico", "pico", "tiny", "tiny"]
+    assert [s.recipe.train.steps for s in specs] == [6, 6, 4, 4]
+    base = specs[0].recipe.flat()
+    diff = {k for k, v in specs[2].recipe.flat().items() if base[k] != v} - {"name", "train.seed"}
+    assert diff == {"model.size", "train.steps"}  # the size and its own budget, nothing else
+    assert len({s.run_key for s in specs}) == 4
+    lines = size_budgets(specs)
+    assert len(lines) == 2 and "pico" in lines[0] and "6 steps = 48 completions" in lines[0]  # 2 prompts x 4
+    assert f"{parameter_count('tiny') / 1e6:.2f}M parameters" in lines[1]
+    listed = load_campaign(scale_campaign(tmp_path / "l.yaml", ["tiny", "pico"]))
+    assert [s.variant for s in expand(listed)] == ["size=tiny", "size=pico"]  # a list: one budget for all
+
+
+@pytest.mark.parametrize(
+    ("sizes", "extra", "message"),
+    [
+        (["pico", "huge"], {}, "sizes: 'huge' is not an embedded model size; choose from tiny, small, medium"),
+        (["pico", "tinny"], {}, "did you mean 'tiny'"),
+        (["tiny"], {}, r"a scale campaign needs two or more, e\.g\. sizes: \[nano"),
+        (["tiny", "pico", "tiny"], {}, "sizes lists 'tiny' twice"),
+        ("tiny", {}, "sizes = 'tiny': expected sizes: "),
+        ({"tiny": {"model.size": "small"}, "pico": {}}, {}, "'tiny' sets model.size, which the size itself sets"),
+        ({"tiny": [1], "pico": {}}, {}, r"'tiny' needs \{dotted.recipe.key: value"),
+        (["tiny", "pico"], {"kind": "loo"}, "sizes is for kind: scale"),
+        (["tiny", "pico"], {"controls": {"x": {"optim.lr": 1e-5}}}, "takes no controls"),
+        (["tiny", "pico"], {"baseline_seeds": [3]}, "takes no baseline_seeds"),
+    ],
+)
+def test_bad_sizes_are_one_line_naming_the_fix_before_anything_runs(tmp_path, sizes, extra, message):
+    with pytest.raises(CampaignError, match=message):
+        expand(load_campaign(scale_campaign(tmp_path / "bad.yaml", sizes, **extra)))
+
+
+def test_a_size_written_twice_in_the_mapping_is_refused_not_merged(tmp_path):
+    """YAML keeps the last of two equal keys silently: the second 'tiny' budget would replace the first."""
+    path = tmp_path / "twice.yaml"
+    scale_campaign(path, {"tiny": {}, "pico": {}})
+    text = path.read_text().replace('"pico": {}', '"pico": {}, "tiny": {"train.steps": 9}')
+    path.write_text(text)
+    with pytest.raises(CampaignError, match="sizes lists 'tiny' twice"):
+        load_campaign(path)
+
+
+def test_a_scale_campaign_needs_sizes_and_an_embedded_recipe(tmp_path):
+    path = scale_campaign(tmp_path / "none.yaml", ["tiny", "pico"])
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in doc.items() if k != "sizes"}))
+    with pytest.raises(CampaignError, match="kind scale needs the sizes to run"):
+        load_campaign(path)
+    doc["overrides"]["model.size"] = "small"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CampaignError, match="overrides sets model.size or model.path, which each of the sizes sets"):
+        load_campaign(path)
+    doc["overrides"].pop("model.size")
+    doc["sizes"] = {"tiny": {"optim.rate": 1}, "pico": {}}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(CampaignError, match="sizes: 'tiny': 'optim.rate' is not a recipe key"):
+        expand(load_campaign(path))
+
+
+@pytest.mark.parametrize("name", ["scale-probe", "scale-gpu"])
+def test_the_gpu_scale_campaigns_expand(name):
+    camp = load_campaign(name)
+    specs = expand(camp)
+    sizes = list(camp.sizes)
+    assert len(sizes) >= 5 and max(map(parameter_count, sizes)) / min(map(parameter_count, sizes)) >= 30
+    assert len(camp.seeds) == (1 if name == "scale-probe" else 3) and len(specs) == len(sizes) * len(camp.seeds)
+    assert {s.recipe.model.dtype for s in specs} == {"bfloat16"}
