@@ -1,4 +1,4 @@
-"""Command line: ``python -m scalefit fit|compare|demo``."""
+"""Command line: ``python -m scalefit fit|compare|demo|sizes``."""
 
 from __future__ import annotations
 
@@ -430,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="fit the bundled example curves", description=cmd_demo.__doc__)
     p.add_argument("--out", default="artifacts/fit-demo", help="output folder")
     p.set_defaults(func=cmd_demo)
+    from scalefit.sizes import add_parser as add_sizes  # noqa: PLC0415 - it reads CSVs with read_curves, here
+
+    add_sizes(sub)
     return parser
 
 

@@ -119,3 +119,28 @@ def campaign_runs(
     base = out["compute"] == 0
     out.loc[base, "value"] = out.loc[base, "value"].mean()  # one base model, one evaluation of it
     return out
+
+
+def size_runs(
+    sizes: dict[str, float],
+    A_of,
+    cmid_of,
+    b_of,
+    r0_of,
+    *,
+    seeds: int = 3,
+    seed: int = 0,
+    **kwargs,
+) -> pd.DataFrame:
+    """Runs of one recipe at several model sizes (name -> parameter count N), each size's curve from known
+    laws (``A_of(N)``, ``cmid_of(N)``, ``b_of(N)``, ``r0_of(N)``): ``realistic_runs`` of each, as a long
+    table (size, parameters, seed, compute, value, truth); each size's seeds start from one base model."""
+    frames = []
+    for i, (name, n) in enumerate(sizes.items()):
+        df = realistic_runs(cmid_of(n), b_of(n), A_of(n), R0=r0_of(n), seeds=seeds, seed=seed * 1000 + i, **kwargs)
+        base = df["compute"] == 0
+        df.loc[base, "value"] = df.loc[base, "value"].mean()
+        df.insert(0, "size", name)
+        df.insert(1, "parameters", float(n))
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)

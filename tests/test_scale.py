@@ -97,3 +97,28 @@ def test_the_gpu_scale_campaigns_expand(name):
     assert len(sizes) >= 5 and max(map(parameter_count, sizes)) / min(map(parameter_count, sizes)) >= 30
     assert len(camp.seeds) == (1 if name == "scale-probe" else 3) and len(specs) == len(sizes) * len(camp.seeds)
     assert {s.recipe.model.dtype for s in specs} == {"bfloat16"}
+
+
+@pytest.mark.slow
+def test_a_tiny_scale_campaign_runs_end_to_end_and_mlflow_groups_its_runs_by_size(store, tmp_path):
+    """Two sizes (pico built here, tiny the session's) on CPU, packed two at once: each run tagged with its
+    size and parameter count and named by it; the sizes' base models built once before the runs; a re-run
+    runs nothing."""
+    from mlflow.tracking import MlflowClient
+
+    from runners.ops.campaign_runs import run_campaign
+
+    path = scale_campaign(tmp_path / "s.yaml", {"pico": {"train.steps": 4}, "tiny": {}}, steps=2, parallel=2)
+    lines: list[str] = []
+    summary = run_campaign(path, log=lines.append)
+    assert not summary["failures"] and summary["ran"] == 2, lines
+    assert any(x.startswith("  size pico ") and "budget 4 steps = 32 completions" in x for x in lines), lines
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("scale")
+    runs = client.search_runs([exp.experiment_id], "tags.`prl.run_id` != ''")
+    got = {r.info.run_name: (r.data.tags["prl.size"], int(r.data.tags["prl.parameters"])) for r in runs}
+    assert got == {"size=pico/seed0": ("pico", parameter_count("pico")), "size=tiny/seed0": ("tiny", 95552)}
+    by_size = client.search_runs([exp.experiment_id], "tags.`prl.size` = 'pico'")
+    assert [r.data.params["train.steps"] for r in by_size] == ["4"] and by_size[0].data.tags["prl.done"] == "1"
+    again: list[str] = []
+    assert run_campaign(path, log=again.append)["ran"] == 0 and "2 done, 0 stopped, 0 to run" in again

@@ -1,0 +1,651 @@
+"""Across model size (issue 44): predict a larger model's curve from smaller ones.
+
+Per size, the sigmoid as today (``fit_sigmoid`` on its seeds pooled, ``bootstrap`` for each parameter's
+spread); then A, log C_mid and log B (and R0 where the size's base model was not evaluated) as functions
+of the parameter count N. Each parameter has candidate forms (constant, log-linear, and for A the
+saturating power law A_inf - k N^-alpha); the combination is chosen by how well it predicts a held-out
+size's whole curve (leave-one-size-out RMSE), not by how well it fits (both are reported).
+
+A forecast of a size that was not fitted draws the per-size parameters within their spread, refits the
+laws on every draw and adds each law's own misfit, measured on the held-out sizes (so the band is
+calibrated by held-out error, not by the fit's residuals alone), and the evaluation noise of the
+size's mean curve. It gives the whole curve with its band, A with its interval, the compute at which
+the curve passes the largest fitted size's ceiling, and whether it is predictable, with reasons in
+numbers. ``backtest_sizes`` forecasts each size from the others the same way and states coverage.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import product
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.stats import norm
+
+from scalefit.curve import sigmoid
+from scalefit.errors import FitError
+from scalefit.fit import fit_sigmoid
+from scalefit.grids import parse_grid
+from scalefit.uncertainty import bootstrap
+
+A_GRID = "0.05:1.0:0.01"
+ALPHAS = np.geomspace(0.05, 3.0, 40)  # the saturating power law's exponents searched
+PARAMS = ("A", "logC", "logB", "R0")
+FORMS: dict[str, tuple[str, ...]] = {
+    "A": ("constant", "log-linear", "saturating"),
+    "logC": ("constant", "log-linear"),  # log-linear in log N: C_mid a power law of N
+    "logB": ("constant", "log-linear"),
+    "R0": ("constant", "log-linear"),
+}
+N_PARAMS = {"constant": 1, "log-linear": 2, "saturating": 3}
+MIN_SIZES = 2
+MAX_REACH = 4.0  # a forecast this many times past the largest fitted N is an extrapolation too far
+
+
+@dataclass
+class SizeData:
+    """One size's runs: its parameter count and every evaluation (compute, value, seed)."""
+
+    params: float
+    compute: np.ndarray
+    value: np.ndarray
+    seed: np.ndarray
+
+    def mean_curve(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The seeds' mean at each compute with how many seeds it averages (evaluations at one compute)."""
+        df = pd.DataFrame({"c": self.compute, "v": self.value}).groupby("c")["v"].agg(["mean", "size"])
+        return df.index.to_numpy(float), df["mean"].to_numpy(float), df["size"].to_numpy(float)
+
+    @property
+    def n_seeds(self) -> int:
+        return len(np.unique(self.seed))
+
+    def r0(self) -> float | None:
+        """The base model's value (evaluations at compute 0), or None when it has none."""
+        at0 = self.compute == 0
+        return float(self.value[at0].mean()) if at0.any() else None
+
+
+@dataclass
+class SizeFit:
+    """One size's sigmoid: its parameters (A, log C_mid, log B, R0) and their spread across resamples."""
+
+    name: str
+    params: float
+    theta: dict[str, float]
+    sd: dict[str, float]
+    resid_sd: float  # one evaluation's scatter about the fit (seed offsets and evaluation noise)
+    n_seeds: int
+
+
+@dataclass
+class Choice:
+    """A combination of forms, one per parameter, with its in-sample and held-out scores."""
+
+    forms: dict[str, str]
+    fit_rss: float  # weighted residual sum of squares of the laws on every fitted size (fit quality)
+    loso_rmse: float  # curve RMSE predicting each fitted size from the others (held-out error)
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{p}: {f}" for p, f in self.forms.items())
+
+
+@dataclass
+class SizeForecast:
+    """The forecast of one size's curve from the other sizes' fits."""
+
+    name: str
+    params: float
+    level: float
+    choice: Choice
+    choices: list[Choice]
+    compute: np.ndarray  # where the curve and its band are given
+    curve: np.ndarray  # median of the draws
+    lo: np.ndarray
+    hi: np.ndarray
+    A: float
+    A_interval: tuple[float, float]
+    pass_level: float  # the largest fitted size's ceiling (its A)
+    pass_compute: float  # median compute at which the forecast passes it (inf: most draws never do)
+    pass_interval: tuple[float, float]
+    pass_share: float  # share of draws that pass it at all
+    misfit_sd: dict[str, float]  # each law's own misfit on held-out sizes, added to the draws
+    predictable: bool
+    reasons: list[str]
+    draws: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
+    actual: dict[str, Any] | None = None  # the size's own runs against the forecast, when they exist
+
+    def band_at(self, compute: np.ndarray, n_seeds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
+        """The ``level`` band of a mean of ``n_seeds`` evaluations at ``compute``."""
+        draws = self.curve_draws(compute)
+        noise = self.draws["noise_sd"][:, None] / np.sqrt(np.asarray(n_seeds, float))
+        rng = np.random.default_rng(1)
+        draws = draws + noise * rng.standard_normal((len(draws), 1))  # pointwise quantiles: one draw a row will do
+        q = (1 - self.level) / 2
+        return np.quantile(draws, q, axis=0), np.quantile(draws, 1 - q, axis=0)
+
+    def curve_draws(self, compute) -> np.ndarray:
+        d = self.draws
+        c = np.asarray(compute, float)[None, :]
+        return sigmoid(c, d["A"][:, None], np.exp(d["logB"])[:, None], np.exp(d["logC"])[:, None], d["R0"][:, None])
+
+
+def size_data(curves: Mapping[str, tuple[float, Any, Any, Any]]) -> dict[str, SizeData]:
+    """{size: (parameters, compute, value, seed)} as ``SizeData``, checked: one line naming the fix."""
+    if not curves:
+        raise FitError("no sizes: the curves need a size and a parameters column, one size per model")
+    out = {}
+    for name, (n, c, v, s) in curves.items():
+        if not np.isfinite(n) or n <= 0:
+            raise FitError(f"size {name!r}: parameters = {n!r}; give each size its parameter count (> 0)")
+        c, v = np.asarray(c, float), np.asarray(v, float)
+        out[name] = SizeData(float(n), c, v, np.asarray(s if s is not None else np.zeros(len(c))))
+    by_n: dict[float, str] = {}
+    for name, d in out.items():
+        if d.params in by_n:
+            raise FitError(
+                f"sizes {by_n[d.params]!r} and {name!r} have the same parameter count {d.params:g}: one is a "
+                "duplicate; give each size its own count, or join their runs under one name"
+            )
+        by_n[d.params] = name
+    return dict(sorted(out.items(), key=lambda kv: kv[1].params))
+
+
+def fit_size(name: str, d: SizeData, *, a_grid=A_GRID, n_resamples: int = 200, seed: int = 0) -> SizeFit:
+    """One size's sigmoid on its seeds pooled, with each parameter's spread from ``bootstrap``."""
+    grid = parse_grid(a_grid, name="--a-grid", kind="step") if isinstance(a_grid, str) else a_grid
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            f = fit_sigmoid(d.compute, d.value, runs=d.seed, a_grid=grid)
+        except FitError as e:
+            raise FitError(f"size {name!r}: {e}") from None
+        boot = bootstrap(f, n_resamples=n_resamples, seed=seed, level=0.9)
+    z = norm.ppf(0.95)
+    sd_a = (boot.interval("A")[1] - boot.interval("A")[0]) / (2 * z)
+    lc = np.log(boot.interval("C_mid"))
+    lb = np.log(np.maximum(boot.interval("B"), 1e-6))
+    k = d.n_seeds
+    resid = f.value - f.predict(f.compute)
+    c0 = d.compute == 0
+    r0_sd = float(np.std(d.value[c0], ddof=1) / np.sqrt(c0.sum())) if c0.sum() > 1 else 0.01
+    # the points' bootstrap treats each evaluation as independent; seeds share their offsets along a curve,
+    # so each parameter's spread is at least what k seeds resolve of one evaluation's scatter
+    floor = float(np.std(resid)) / np.sqrt(max(k, 1))
+    sd = {
+        "A": max(sd_a, floor),
+        "logC": max((lc[1] - lc[0]) / (2 * z), floor / max(f.A - f.R0, 0.05)),
+        "logB": max((lb[1] - lb[0]) / (2 * z), 0.02),
+        "R0": max(r0_sd, 1e-3),
+    }
+    theta = {"A": f.A, "logC": float(np.log(f.C_mid)), "logB": float(np.log(f.B)), "R0": f.R0}
+    return SizeFit(name, d.params, theta, sd, float(np.std(resid)), k)
+
+
+def _design(form: str, x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """The linear basis of a form at x = log(N / N_ref): constant, log-linear, or the saturating power law."""
+    if form == "constant":
+        return np.ones((len(x), 1))
+    if form == "log-linear":
+        return np.column_stack([np.ones(len(x)), x])
+    return np.column_stack([np.ones(len(x)), -np.exp(-alpha * x)])
+
+
+def law_predict(
+    form: str, x: np.ndarray, y: np.ndarray, w: np.ndarray, x_new: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least squares of a form on every row of ``y`` (draws x sizes) at once: predictions at
+    ``x_new`` (draws x new) and each row's weighted residual sum of squares. The saturating form is
+    linear given its exponent: every exponent of ``ALPHAS`` is solved and each row keeps its best."""
+    y = np.atleast_2d(y)
+    sw = np.sqrt(w)
+    best_pred = best_rss = None
+    for alpha in ALPHAS if form == "saturating" else (1.0,):
+        X = _design(form, x, alpha)
+        coef, *_ = np.linalg.lstsq(X * sw[:, None], (y * sw).T, rcond=None)  # (k, draws)
+        rss = (((X @ coef).T - y) ** 2 * w).sum(axis=1)
+        pred = (_design(form, x_new, alpha) @ coef).T
+        if best_rss is None:
+            best_pred, best_rss = pred, rss
+        else:
+            better = rss < best_rss - 1e-15
+            best_pred = np.where(better[:, None], pred, best_pred)
+            best_rss = np.where(better, rss, best_rss)
+    return best_pred, best_rss
+
+
+def _x(params: np.ndarray, ref: float) -> np.ndarray:
+    return np.log(np.asarray(params, float) / ref)
+
+
+def _curve_rmse(theta: dict[str, float], d: SizeData) -> float:
+    c, v, _ = d.mean_curve()
+    pred = sigmoid(c, theta["A"], np.exp(theta["logB"]), np.exp(theta["logC"]), theta["R0"])
+    return float(np.sqrt(np.mean((pred - v) ** 2)))
+
+
+def _fittable(forms: dict[str, str], n: int) -> bool:
+    return all(N_PARAMS[f] <= n for f in forms.values())
+
+
+def _combos(n_fit: int, with_r0: bool) -> list[dict[str, str]]:
+    """Every combination of forms that the others of ``n_fit`` sizes can fit (each held out in turn)."""
+    params = [p for p in PARAMS if with_r0 or p != "R0"]
+    out = [dict(zip(params, forms, strict=True)) for forms in product(*(FORMS[p] for p in params))]
+    return [c for c in out if _fittable(c, n_fit - 1)]
+
+
+def _point_theta(fits: list[SizeFit], forms: dict[str, str], ref: float, n_new: float) -> dict[str, float]:
+    x = _x(np.array([f.params for f in fits]), ref)
+    out = {}
+    for p, form in forms.items():
+        y = np.array([f.theta[p] for f in fits])
+        w = 1 / np.array([f.sd[p] for f in fits]) ** 2
+        out[p] = float(law_predict(form, x, y, w, _x(np.array([n_new]), ref))[0][0, 0])
+    return out
+
+
+def choose_forms(fits: list[SizeFit], data: dict[str, SizeData], r0_known: bool) -> list[Choice]:
+    """Every combination of forms scored by its fit (weighted RSS of the laws) and by predicting each size
+    from the others (the held-out curve RMSE); best held-out error first."""
+    ref = fits[0].params
+    choices = []
+    for forms in _combos(len(fits), not r0_known):
+        rss = 0.0
+        x = _x(np.array([f.params for f in fits]), ref)
+        for p, form in forms.items():
+            y = np.array([f.theta[p] for f in fits])
+            w = 1 / np.array([f.sd[p] for f in fits]) ** 2
+            rss += float(law_predict(form, x, y, w, x[:1])[1][0])
+        errs = []
+        for j, held in enumerate(fits):
+            others = fits[:j] + fits[j + 1 :]
+            theta = _point_theta(others, forms, ref, held.params)
+            if r0_known:
+                theta["R0"] = held.theta["R0"]
+            theta["A"] = min(theta["A"], 1.0)
+            errs.append(_curve_rmse(theta, data[held.name]))
+        choices.append(Choice(forms, rss, float(np.sqrt(np.mean(np.square(errs))))))
+    if not choices:
+        raise FitError(f"{len(fits)} fitted size(s): predicting a size from the others needs at least {MIN_SIZES + 1}")
+    # the fewest parameters among the equally good: a tie goes to the simpler law
+    return sorted(choices, key=lambda c: (round(c.loso_rmse, 6), sum(N_PARAMS[f] for f in c.forms.values())))
+
+
+def _misfit(fits: list[SizeFit], forms: dict[str, str], n_draws: int, rng: np.random.Generator) -> dict[str, float]:
+    """Each law's own scatter about the sizes: its held-out error beyond what the sizes' spread explains."""
+    ref = fits[0].params
+    out = {}
+    for p, form in forms.items():
+        e2, v = [], []
+        for j, held in enumerate(fits):
+            others = fits[:j] + fits[j + 1 :]
+            if N_PARAMS[form] > len(others):
+                continue
+            x = _x(np.array([f.params for f in others]), ref)
+            y = np.array([f.theta[p] for f in others])
+            sd = np.array([f.sd[p] for f in others])
+            draws = y + sd * rng.standard_normal((n_draws, len(others)))
+            pred = law_predict(form, x, draws, 1 / sd**2, _x(np.array([held.params]), ref))[0][:, 0]
+            e2.append((held.theta[p] - np.median(pred)) ** 2 - held.sd[p] ** 2)
+            v.append(np.var(pred))
+        out[p] = float(np.sqrt(max(0.0, np.mean(np.array(e2) - np.array(v))))) if e2 else 0.0
+    return out
+
+
+def forecast_size(
+    data: Mapping[str, SizeData],
+    target: str,
+    *,
+    params: float | None = None,
+    r0: float | None = None,
+    n_seeds: int | None = None,
+    level: float = 0.9,
+    tolerance: float = 0.03,
+    n_draws: int = 400,
+    a_grid=A_GRID,
+    seed: int = 0,
+    fits: Mapping[str, SizeFit] | None = None,
+) -> SizeForecast:
+    """Forecast size ``target``'s curve from every other size in ``data`` (its own runs, if there, are
+    compared with the forecast, never fitted). ``params``: its parameter count when it has no runs;
+    ``r0``: its base model's value (else its compute-0 evaluations, else the sizes' R0 law);
+    ``n_seeds``: how many seeds its measured mean will average (else its own, else the others' median)."""
+    if target in data:
+        params = data[target].params
+    if params is None:
+        raise FitError(f"size {target!r} has no runs: give its parameter count (--params) to forecast it")
+    fitted = {k: v for k, v in data.items() if k != target}
+    if len(fitted) < MIN_SIZES + 1:
+        raise FitError(
+            f"{len(fitted)} size(s) besides {target!r}: forecasting one size needs at least {MIN_SIZES + 1} others "
+            "(each law is chosen by predicting a fitted size from the rest)"
+        )
+    fits_given = fits
+    fits = [fits[k] if fits and k in fits else fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in fitted.items()]
+    own = data.get(target)
+    if r0 is None and own is not None:
+        r0 = own.r0()
+    choices = choose_forms(fits, dict(fitted), r0 is not None)
+    choice = choices[0]
+    rng = np.random.default_rng(seed)
+    misfit = _misfit(fits, choice.forms, n_draws, rng)
+    ref = fits[0].params
+    x = _x(np.array([f.params for f in fits]), ref)
+    draws: dict[str, np.ndarray] = {}
+    for p, form in choice.forms.items():
+        y = np.array([f.theta[p] for f in fits])
+        sd = np.array([f.sd[p] for f in fits])
+        ys = y + sd * rng.standard_normal((n_draws, len(fits)))
+        pred = law_predict(form, x, ys, 1 / sd**2, _x(np.array([params]), ref))[0][:, 0]
+        draws[p] = pred + misfit[p] * rng.standard_normal(n_draws)
+    if r0 is not None:
+        draws["R0"] = np.full(n_draws, float(r0))
+    draws["A"] = np.clip(draws["A"], draws["R0"] + 1e-3, 1.0)
+    resid = np.array([f.resid_sd for f in fits])
+    draws["noise_sd"] = np.full(n_draws, float(np.sqrt(np.mean(resid**2))))
+    k = n_seeds or (own.n_seeds if own is not None else int(np.median([f.n_seeds for f in fits])))
+    c_max = max(float(d.compute.max()) for d in data.values())
+    grid = np.unique(np.concatenate([np.linspace(0, c_max, 101), own.mean_curve()[0] if own is not None else []]))
+    none = np.array([])
+    fc = SizeForecast(
+        name=target, params=float(params), level=level, choice=choice, choices=choices, compute=grid, curve=none,
+        lo=none, hi=none, A=0.0, A_interval=(0.0, 0.0), pass_level=0.0, pass_compute=0.0, pass_interval=(0.0, 0.0),
+        pass_share=0.0, misfit_sd=misfit, predictable=False, reasons=[], draws=draws,
+    )  # fmt: skip
+    fc.curve = np.median(fc.curve_draws(grid), axis=0)
+    fc.lo, fc.hi = fc.band_at(grid, k)
+    q = (1 - level) / 2
+    fc.A = float(np.median(draws["A"]))
+    fc.A_interval = (float(np.quantile(draws["A"], q)), float(np.quantile(draws["A"], 1 - q)))
+    _passing(fc, fits[-1], q)
+    fc.predictable, fc.reasons = _verdict(fc, fits, tolerance)
+    if own is not None:
+        fc.actual = _against_actual(fc, own, a_grid, seed, (fits_given or {}).get(target))
+    return fc
+
+
+def _passing(fc: SizeForecast, top: SizeFit, q: float) -> None:
+    """The compute at which each draw's curve passes the largest fitted size's ceiling (inf: never)."""
+    d, y = fc.draws, top.theta["A"]
+    fc.pass_level = y
+    ratio = (d["A"] - d["R0"]) / np.maximum(y - d["R0"], 1e-12) - 1.0
+    ok = (d["A"] > y) & (y > d["R0"]) & (ratio > 0)
+    c = np.full(len(ratio), np.inf)
+    c[ok] = np.exp(d["logC"][ok]) * ratio[ok] ** (-1.0 / np.exp(d["logB"][ok]))
+    fc.pass_share = float(ok.mean())
+    fc.pass_compute = float(np.quantile(c, 0.5, method="inverted_cdf"))
+    fc.pass_interval = tuple(float(np.quantile(c, x, method="inverted_cdf")) for x in (q, 1 - q))  # inf: never
+
+
+def _verdict(fc: SizeForecast, fits: list[SizeFit], tolerance: float) -> tuple[bool, list[str]]:
+    """Predictable when the chosen laws predicted held-out sizes within ``tolerance``, A's interval is
+    that narrow, and the size lies within MAX_REACH of the largest fitted one; reasons in numbers."""
+    reasons = []
+    if fc.choice.loso_rmse > tolerance:
+        reasons.append(f"the laws predicted held-out sizes to RMSE {fc.choice.loso_rmse:.3f} > {tolerance}")
+    half = (fc.A_interval[1] - fc.A_interval[0]) / 2
+    if half > tolerance:
+        reasons.append(f"A's {fc.level:.0%} interval is ±{half:.3f} wide (> ±{tolerance})")
+    reach = fc.params / fits[-1].params
+    if reach > MAX_REACH:
+        reasons.append(f"{reach:.1f}x the largest fitted size's parameters (> {MAX_REACH:g}x)")
+    if len(fits) < 4:
+        reasons.append(f"only {len(fits)} fitted sizes: the laws' held-out error rests on {len(fits)} folds")
+    ok = not reasons
+    if ok:
+        reasons = [
+            f"held-out RMSE {fc.choice.loso_rmse:.3f} <= {tolerance}, A ±{half:.3f}, {reach:.1f}x the largest size"
+        ]
+    return ok, reasons
+
+
+def _against_actual(
+    fc: SizeForecast, own: SizeData, a_grid, seed: int, own_fit: SizeFit | None = None
+) -> dict[str, Any]:
+    """The size's own runs against its forecast: its own A (fitted on its runs), the error, whether the
+    interval holds it, and the share of its mean curve's evaluations inside the band."""
+    c, v, k = own.mean_curve()
+    lo, hi = fc.band_at(c, k)
+    rl = c > 0
+    inside = (v >= lo) & (v <= hi)
+    out: dict[str, Any] = {
+        "points": int(rl.sum()),
+        "band_coverage": float(inside[rl].mean()) if rl.any() else float("nan"),
+        "rmse": float(np.sqrt(np.mean((np.interp(c[rl], fc.compute, fc.curve) - v[rl]) ** 2))) if rl.any() else None,
+    }
+    try:
+        own_fit = own_fit or fit_size(fc.name, own, a_grid=a_grid, seed=seed)
+    except FitError as e:
+        out.update(A=None, A_error=None, A_inside=None, note=str(e))
+        return out
+    a = own_fit.theta["A"]
+    out.update(A=a, A_error=fc.A - a, A_inside=bool(fc.A_interval[0] <= a <= fc.A_interval[1]))
+    return out
+
+
+@dataclass
+class SizesBacktest:
+    """Each size forecast from all the others (those with enough on both sides), and the coverage."""
+
+    rows: pd.DataFrame
+    level: float
+
+    @property
+    def coverage(self) -> float:
+        """Share of every forecast size's mean-curve evaluations inside its band."""
+        r = self.rows
+        return float((r["band_coverage"] * r["points"]).sum() / r["points"].sum()) if len(r) else float("nan")
+
+    @property
+    def a_hits(self) -> tuple[int, int]:
+        r = self.rows.dropna(subset=["A_inside"])
+        return int(r["A_inside"].astype(bool).sum()), len(r)
+
+    def lines(self) -> list[str]:
+        hit, n = self.a_hits
+        out = [
+            f"leave-one-size-out backtest: {len(self.rows)} size(s) forecast from the others; "
+            f"{self.level:.0%} band holds {self.coverage:.0%} of their evaluations; A inside its interval {hit}/{n}"
+        ]
+        for r in self.rows.itertuples():
+            a = "" if pd.isna(r.A) else f", A {r.A:.3f} vs {r.A_forecast:.3f} ({r.A_error:+.3f})"
+            out.append(
+                f"  {r.size:<10} band {r.band_coverage:.0%} of {r.points}{a}, laws {r.forms}"
+                + ("" if r.predictable else "  [not predictable]")
+            )
+        return out
+
+
+def backtest_sizes(
+    data: Mapping[str, SizeData], fits: Mapping[str, SizeFit] | None = None, **kwargs: Any
+) -> SizesBacktest:
+    """Forecast each size from all the others (sizes with ``MIN_SIZES + 1`` others), as ``forecast_size`` does."""
+    kw = {k: v for k, v in kwargs.items() if k in ("level", "tolerance", "n_draws", "a_grid", "seed")}
+    a_grid, seed = kw.get("a_grid", A_GRID), kw.get("seed", 0)
+    fits = {k: (fits or {}).get(k) or fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in data.items()}
+    rows = []
+    for name in data:
+        if len(data) - 1 < MIN_SIZES + 1:
+            break
+        fc = forecast_size(data, name, fits=fits, **kw)
+        act = fc.actual or {}
+        rows.append(
+            {
+                "size": name,
+                "parameters": fc.params,
+                "A_forecast": fc.A,
+                "A_lo": fc.A_interval[0],
+                "A_hi": fc.A_interval[1],
+                "A": act.get("A"),
+                "A_error": act.get("A_error"),
+                "A_inside": act.get("A_inside"),
+                "band_coverage": act.get("band_coverage"),
+                "points": act.get("points", 0),
+                "rmse": act.get("rmse"),
+                "predictable": fc.predictable,
+                "forms": fc.choice.label,
+            }
+        )
+    return SizesBacktest(pd.DataFrame(rows), kwargs.get("level", 0.9))
+
+
+def forecast_lines(fc: SizeForecast, fits: list[SizeFit]) -> list[str]:
+    """The forecast in words and numbers."""
+    lo, hi = fc.A_interval
+    p_lo, p_hi = fc.pass_interval
+    out = ["per size (sigmoid on its seeds pooled):"]
+    out += [
+        f"  {f.name:<10} N {f.params / 1e6:8.3f}M  A {f.theta['A']:.3f} ±{f.sd['A']:.3f}  "
+        f"C_mid {np.exp(f.theta['logC']):.3g}  B {np.exp(f.theta['logB']):.2f}  R0 {f.theta['R0']:.3f}"
+        f"  seeds {f.n_seeds}"
+        for f in fits
+    ]
+    out.append("forms across sizes (chosen by held-out error; fit quality beside it):")
+    for c in fc.choices[:6]:
+        mark = "*" if c is fc.choice else " "
+        out.append(f" {mark} held-out RMSE {c.loso_rmse:.4f}  fit RSS {c.fit_rss:9.3f}  {c.label}")
+    misfit = ", ".join(f"{p} {v:.3g}" for p, v in fc.misfit_sd.items())
+    out.append(f"misfit added (held-out, beyond the sizes' spread): {misfit}")
+    passing = (
+        f"passes {fc.pass_level:.3f} (the largest fitted size's A) at {fc.pass_compute:.3g} "
+        f"[{p_lo:.3g}, {p_hi:.3g}] ({fc.pass_share:.0%} of draws pass it)"
+        if fc.pass_share >= 0.5
+        else f"does not pass {fc.pass_level:.3f} (the largest fitted size's A) in {1 - fc.pass_share:.0%} of draws"
+    )
+    out += [
+        f"forecast of {fc.name} (N {fc.params / 1e6:.3f}M): A {fc.A:.3f} [{lo:.3f}, {hi:.3f}] ({fc.level:.0%});"
+        f" {passing}",
+        f"  {'predictable' if fc.predictable else 'not predictable'}: " + "; ".join(fc.reasons),
+    ]
+    if fc.actual is not None:
+        a = fc.actual
+        own = (
+            f"its own A {a['A']:.3f} (error {a['A_error']:+.3f},"
+            f" {'inside' if a['A_inside'] else 'outside'} the interval)"
+            if a.get("A") is not None
+            else f"its own fit failed ({a.get('note', '')})"
+        )
+        out.append(f"  actual: {own}; band holds {a['band_coverage']:.0%} of its {a['points']} evaluations")
+    return out
+
+
+def plot_sizes(data: Mapping[str, SizeData], fits: list[SizeFit], fc: SizeForecast | None, path: str | Path) -> Path:
+    """Every size's mean curve (points) and fit (line), the forecast's median and band, and the forecast
+    size's own curve drawn over it when it exists."""
+    import matplotlib  # noqa: PLC0415 - only the plot needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(data)))
+    by_name = {f.name: f for f in fits}
+    for color, (name, d) in zip(colors, data.items(), strict=True):
+        c, v, _ = d.mean_curve()
+        label = f"{name} ({d.params / 1e6:.2g}M)"
+        if fc is not None and name == fc.name:
+            ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual", zorder=5)
+            continue
+        ax.plot(c, v, "o", color=color, ms=3, alpha=0.7)
+        f = by_name.get(name)
+        if f is not None:
+            grid = np.linspace(0, c.max(), 200)
+            t = f.theta
+            ax.plot(grid, sigmoid(grid, t["A"], np.exp(t["logB"]), np.exp(t["logC"]), t["R0"]), "-", color=color,
+                    label=label)  # fmt: skip
+    if fc is not None:
+        band = f"{fc.name}: forecast {fc.level:.0%} band"
+        ax.fill_between(fc.compute, fc.lo, fc.hi, color="crimson", alpha=0.15, label=band)
+        ax.plot(fc.compute, fc.curve, "--", color="crimson", label=f"{fc.name}: forecast, A {fc.A:.3f}")
+        ax.axhline(fc.pass_level, color="gray", lw=0.8, ls=":")
+    ax.set_xlabel("compute")
+    ax.set_ylabel("mean@16")
+    ax.set_title("across sizes: fits, and the forecast of " + (fc.name if fc else "-"))
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def read_sizes(
+    path: str, x: str, y: str, size_col: str = "size", params_col: str = "parameters"
+) -> dict[str, SizeData]:
+    """A curves CSV with a size and a parameters column (as ``python -m analysis fit`` writes a scale
+    campaign's), its seeds in ``seed``: every row checked as ``scalefit fit`` checks them."""
+    from scalefit.cli import read_curves  # noqa: PLC0415 - the CSV checks every command shares
+
+    df = pd.read_csv(path) if Path(path).is_file() else None
+    if df is not None and params_col not in df.columns:
+        raise FitError(f"{path}: no column {params_col!r}: each row needs its size's parameter count "
+                       f"(`python -m analysis fit CAMPAIGN` writes it for a scale campaign)")  # fmt: skip
+    curves = read_curves(path, x, y, size_col, "seed" if df is not None and "seed" in df.columns else None)
+    if size_col not in df.columns:
+        raise FitError(f"{path}: no column {size_col!r}: each row needs the size of the model that made it")
+    n = df.groupby(df[size_col].astype(str))[params_col].agg(["min", "max"])
+    varies = n[n["min"] != n["max"]]
+    if len(varies):
+        raise FitError(f"{path}: size {varies.index[0]!r} has more than one parameter count; one per size")
+    return size_data({k: (float(n.loc[k, "min"]), c, v, s) for k, (c, v, s) in curves.items()})
+
+
+def cmd_sizes(args) -> int:
+    """``python -m scalefit sizes CURVES.csv``: fit every size but the held-out one, forecast it, backtest."""
+    data = read_sizes(args.csv, args.x, args.y, args.size_col, args.params_col)
+    target = args.holdout or list(data)[-1]
+    if target not in data and args.params is None:
+        raise FitError(f"--holdout {target!r} is not a size of {args.csv} ({', '.join(data)}); give --params N to "
+                       "forecast a size that has no runs")  # fmt: skip
+    kw = {"level": args.level, "tolerance": args.tolerance, "a_grid": args.a_grid}
+    t0 = time.perf_counter()
+    fits = {k: fit_size(k, d, a_grid=args.a_grid) for k, d in data.items() if k != target}
+    fc = forecast_size(data, target, params=args.params, r0=args.r0, n_seeds=args.seeds, fits=fits, **kw)
+    seconds = time.perf_counter() - t0
+    print("\n".join(forecast_lines(fc, list(fits.values()))))
+    print(f"(across-size fits and forecast: {seconds:.2f} s)")
+    fitted = {k: d for k, d in data.items() if k != target}
+    if len(fitted) > MIN_SIZES + 1:
+        print("\n".join(backtest_sizes(fitted, fits=fits, **kw).lines()))
+    if args.plot:
+        path = plot_sizes(data, list(fits.values()), fc, args.plot)
+        print(f"plot: {path}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """The ``sizes`` subcommand of ``python -m scalefit``."""
+    p = sub.add_parser(
+        "sizes",
+        help="fit curves across model sizes and forecast a held-out size",
+        description="Per size the sigmoid; across sizes A, C_mid and B as functions of parameter count N, their "
+        "forms chosen by leave-one-size-out error; the held-out size's curve with a calibrated band, A with its "
+        "interval, the compute at which it passes the largest fitted size's ceiling, and a verdict; then a "
+        "leave-one-size-out backtest of the fitted sizes with its coverage.",
+    )
+    p.add_argument("csv", help="CSV with one row per evaluation, a size and a parameters column (and seed)")
+    p.add_argument("--x", default="compute/samples", help="compute column (default: compute/samples)")
+    p.add_argument("--y", default="val/mean_at_16", help="pass-rate column (default: val/mean_at_16)")
+    p.add_argument("--size-col", default="size", help="column naming each row's model size (default: size)")
+    p.add_argument("--params-col", default="parameters", help="column of its parameter count (default: parameters)")
+    p.add_argument("--holdout", metavar="SIZE", help="the size to forecast (default: the largest); its runs, if any, "
+                   "are compared with the forecast, never fitted")  # fmt: skip
+    p.add_argument("--params", type=float, metavar="N", help="the held-out size's parameter count, when it has no runs")
+    p.add_argument("--r0", type=float, help="the held-out size's base-model value (default: its compute-0 rows, "
+                   "else the sizes' R0 law)")  # fmt: skip
+    p.add_argument("--seeds", type=int, help="seeds its measured mean will average (default: its own, else the median)")
+    p.add_argument("--level", type=float, default=0.9, help="band and interval level (default: 0.9)")
+    p.add_argument("--tolerance", type=float, default=0.03, help="held-out error and A half-width a predictable "
+                   "forecast stays within (default: 0.03)")  # fmt: skip
+    p.add_argument("--a-grid", default=A_GRID, metavar="LO:HI:STEP", help=f"per-size A grid (default: {A_GRID})")
+    p.add_argument("--plot", metavar="PATH.png", help="every size's points and fits, the forecast band, the actual")
+    p.set_defaults(func=cmd_sizes)
