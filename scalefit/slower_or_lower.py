@@ -150,6 +150,18 @@ class Separation:
             return "same"
         return "cannot tell"
 
+    @property
+    def label(self) -> str:
+        """The reading in a few words: lower | higher (the ceiling differs), slower | faster (the
+        same ceiling, reached later or sooner), same, or what is not yet told."""
+        if self.ceiling in ("lower", "higher"):
+            return self.ceiling
+        if self.ceiling == "same":
+            return {"cannot tell": "same ceiling, speed not yet told"}.get(self.efficiency, self.efficiency)
+        if self.efficiency in ("slower", "faster"):
+            return f"{self.efficiency}, ceiling not yet told"
+        return "cannot tell yet"
+
     def text(self) -> str:
         """One line a user reads: which of ceiling and efficiency differ."""
         lo, hi = self.delta_a_interval

@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", default="results", help="folder whose */curves.csv are the real curves")
     p.add_argument("--out", default="artifacts/bench-predict", help="per-curve CSVs and the summary")
     p.add_argument("--synthetic-campaigns", type=int, default=8, help="synthetic campaigns (default 8)")
+    p.add_argument("--efficiency-campaigns", type=int, default=4, help="synthetic efficiency studies (default 4)")
     p.add_argument("--campaign-resamples", type=int, default=300, help="bootstrap resamples per campaign fit")
     p.add_argument("--campaigns-only", action="store_true", help="only the campaign section (the issue-28 targets)")
     p.add_argument("--studies", default="loo-gpu*", help="which results/ studies the campaign section scores")
@@ -259,6 +260,58 @@ def synthetic_campaigns(n: int, seed: int = 0):
         yield f"synthetic#{i} (tau {tau:g})", df, {"x": REAL_X, "a_grid": "0.05:1.0:0.005", "last_k": LAST_K}
 
 
+# The efficiency study of issue 40 item 5, synthetic until its GPU run: arms the paper and loo-gpu3..6
+# say change C_mid or B and not A (a learning rate halved and quartered, a smaller batch, fewer
+# generations per prompt) beside a positive and a negative control, 4 seeds an arm, run until the
+# slowest passes its knee (budget 3x its C_mid). name -> (C_mid factor, B factor, ΔA).
+EFFICIENCY_ARMS = {
+    "baseline": (1.0, 1.0, 0.0),
+    "lr_half": (2.0, 1.0, 0.0),
+    "lr_quarter": (4.0, 1.0, 0.0),
+    "batch_half": (1.6, 0.85, 0.0),
+    "generations_4": (1.4, 0.9, 0.0),
+    "control=better": (1.0, 1.0, +0.12),
+    "control=lower": (1.0, 1.0, -0.08),
+}
+
+
+def efficiency_campaigns(n: int, seed: int = 7):
+    """(name, curves, fit settings) of n synthetic efficiency studies (``EFFICIENCY_ARMS``) with
+    loo-gpu6's noise (300 prompts, run-to-run drift, a seed offset), each its own A, B and C_mid."""
+    from scalefit.synthetic import campaign_runs
+
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        cm0, b0, a0 = 3000.0, float(rng.uniform(1.3, 2.3)), float(rng.uniform(0.6, 0.8))
+        truth = {v: (cm0 * fc, b0 * fb, a0 + da) for v, (fc, fb, da) in EFFICIENCY_ARMS.items()}
+        df = campaign_runs(
+            truth,
+            seeds=4,
+            seed=seed * 1000 + i,
+            c_max=3 * 4 * cm0,
+            n_points=41,
+            n_prompts=300,
+            drift_sd=float(rng.uniform(0.004, 0.012)),
+            drift_phi=float(rng.uniform(0.6, 0.95)),
+            seed_sd=float(rng.uniform(0.003, 0.01)),
+        )
+        df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
+        df = df.rename(columns={"compute": REAL_X, "value": "val/mean_at_16"})
+        df["axis"], df["run"] = df["variant"], df["variant"] + "/seed" + df["seed"].astype(str)
+        yield f"efficiency#{i}", df, {"x": REAL_X, "a_grid": "0.05:1.0:0.005", "last_k": LAST_K}
+
+
+def true_calls(curves: pd.DataFrame, margin: float) -> dict[str, str]:
+    """Each synthetic variant's call at the budget from its noise-free curve (``truth``): the mean of
+    its last ``LAST_K`` evaluations against the baseline's."""
+    end = {v: float(g.sort_values(REAL_X)["truth"].iloc[-LAST_K:].mean()) for v, g in curves.groupby("variant")}
+    out = {}
+    for v, t in end.items():
+        d = t - end["baseline"]
+        out[v] = "worse" if d < -margin else "better" if d > margin else "no difference"
+    return out
+
+
 def _call_label(measured: str) -> str:
     if not isinstance(measured, str):
         return "cannot tell yet"
@@ -320,6 +373,8 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
                 row["half_call"] = calls.loc[r["variant"], "half_call"]
                 row["full_call"] = calls.loc[r["variant"], "call"]
                 row["measured_call"] = truth_call.get(r["variant"], "cannot tell yet")
+                if "truth" in curves:
+                    row["true_call"] = true_calls(curves, fit.get("margin", MARGIN)).get(r["variant"])
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -357,6 +412,9 @@ def campaign_summary(df: pd.DataFrame) -> dict:
         "agree (joint)": f"{int((calls['half_call'] == calls['full_call']).sum())}/{len(calls)}",
         "agree share": (calls["half_call"] == calls["full_call"]).mean() if len(calls) else np.nan,
         "agree (measured)": f"{int((calls['half_call'] == calls['measured_call']).sum())}/{len(calls)}",
+        "agree (truth)": (
+            f"{int((calls['half_call'] == calls['true_call']).sum())}/{len(calls)}" if "true_call" in calls else "—"
+        ),
     }
 
 
@@ -428,7 +486,8 @@ def campaigns_main(args, out: Path) -> None:
         t = time.perf_counter()
         frames.append(score_campaign(name, pd.read_csv(csv), _settings(name, "partial"), args.campaign_resamples))
         print(f"  {name}: scored ({time.perf_counter() - t:.0f} s) — {frames[-1]['fit_model'].iloc[0]}", flush=True)
-    for name, curves, fit in synthetic_campaigns(args.synthetic_campaigns):
+    synthetic = list(synthetic_campaigns(args.synthetic_campaigns))
+    for name, curves, fit in synthetic + list(efficiency_campaigns(args.efficiency_campaigns)):
         t = time.perf_counter()
         frames.append(score_campaign(name, curves, fit, args.campaign_resamples))
         print(f"  {name}: scored ({time.perf_counter() - t:.0f} s)", flush=True)
@@ -441,6 +500,7 @@ def campaigns_main(args, out: Path) -> None:
         "GPU studies with ≥ 4 seeds an arm": df["study"].str.startswith("loo-gpu")
         & df["study"].map(df.groupby("study")["seeds"].min()).ge(4),
         "synthetic campaigns": df["study"].str.startswith("synthetic"),
+        "synthetic efficiency studies (issue 40 item 5's design)": df["study"].str.startswith("efficiency"),
     }
     rows = []
     for label, sel in sets.items():
@@ -455,9 +515,11 @@ def campaigns_main(args, out: Path) -> None:
     print(
         "\nhalf-budget calls per study (joint model): agreement with the call at the budget, and with the measured call"
     )
-    for study, g in df[(df["method"] == "new") & df["study"].str.startswith("loo-gpu")].groupby("study"):
+    real = df["study"].str.startswith("loo-gpu")
+    for study, g in df[(df["method"] == "new") & (real | df["study"].str.startswith("efficiency"))].groupby("study"):
         s = campaign_summary(g)
         agree = f"agree {s['agree (joint)']} (joint), {s['agree (measured)']} (measured)"
+        agree += f", {s['agree (truth)']} (truth)" if s["agree (truth)"] != "—" else ""
         print(f"  {study}: {s['calls']} calls made, {agree}")
     print(
         "\nthe issue's figures for the method before this one (loo-gpu3/4/5): "

@@ -56,6 +56,7 @@ def test_a_slower_variant_is_read_as_slower_not_lower(campaign):
     assert s.ceiling == "same", s.text()
     assert s.efficiency == "slower", s.text()
     assert 2.5 < s.later < 3.6, s.text()  # the truth: C_mid 3x, B the same
+    assert s.label == "slower"
     assert "the baseline's compute" in s.efficiency_text()
 
 
@@ -64,7 +65,7 @@ def test_a_lower_variant_is_read_as_lower_not_slower(campaign):
     s = separate(fcs["lower"], fcs["baseline"], budget, margin=0.02)
     assert s.ceiling == "lower", s.text()
     assert s.efficiency == "same", s.text()
-    assert s.delta_a_interval[1] < -0.02
+    assert s.delta_a_interval[1] < -0.02 and s.label == "lower"
 
 
 def test_the_separating_compute_is_where_a_slower_reading_would_have_caught_up():
