@@ -1,0 +1,131 @@
+"""scalefit.sizes: the across-size fit on synthetic sizes of known laws (recovered, the largest forecast
+within its band, a wrong form rejected by held-out error), its backtest, command line and bad input."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from scalefit.cli import main
+from scalefit.curve import sigmoid
+from scalefit.errors import FitError
+from scalefit.sizes import backtest_sizes, fit_size, forecast_size, size_data
+from scalefit.synthetic import size_runs
+
+N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
+
+
+def A_of(n):
+    return 0.95 - 0.9 * (n / 1e5) ** -0.35  # saturating: 0.42 at 0.46M, 0.82 at 25.8M
+
+
+def cmid_of(n):
+    return 3e4 * (n / 1e6) ** 0.3  # a power law: larger models take longer to reach their midpoint
+
+
+def r0_of(n):
+    return 0.3 + 0.03 * np.log(n / 1e5)
+
+
+def runs(sizes=N, seeds: int = 3, seed: int = 1, **laws) -> pd.DataFrame:
+    f = {"A_of": A_of, "cmid_of": cmid_of, "b_of": lambda n: 1.8, "r0_of": r0_of, **laws}
+    return size_runs(sizes, seeds=seeds, seed=seed, c_max=153_600, n_points=31, n_prompts=300, **f)
+
+
+def as_data(df: pd.DataFrame):
+    return size_data({k: (g.parameters.iloc[0], g.compute, g.value, g.seed) for k, g in df.groupby("size")})
+
+
+def test_known_laws_are_recovered_and_the_largest_size_is_forecast_within_its_band():
+    data = as_data(runs())
+    for name, d in data.items():
+        f = fit_size(name, d)
+        assert abs(f.theta["A"] - A_of(d.params)) < 0.02, (name, f.theta)
+    fc = forecast_size(data, "e")
+    truth_a = A_of(N["e"])
+    assert fc.A_interval[0] <= truth_a <= fc.A_interval[1] and abs(fc.A - truth_a) <= 0.03, (fc.A, fc.A_interval)
+    assert fc.choice.forms["A"] == "saturating" and fc.choice.forms["logC"] == "log-linear"
+    truth = sigmoid(fc.compute, truth_a, 1.8, cmid_of(N["e"]), r0_of(N["e"]))
+    assert np.mean((truth >= fc.lo) & (truth <= fc.hi)) >= 0.9
+    assert fc.actual["band_coverage"] >= 0.8 and fc.actual["A_inside"], fc.actual
+    # d's ceiling (0.79) is passed where the true curve of e passes it
+    true_pass = cmid_of(N["e"]) * ((truth_a - r0_of(N["e"])) / (fc.pass_level - r0_of(N["e"])) - 1) ** (-1 / 1.8)
+    assert fc.pass_interval[0] <= true_pass <= fc.pass_interval[1], (true_pass, fc.pass_interval)
+
+
+def test_forms_are_chosen_by_held_out_error_not_by_fit_so_wrong_ones_are_rejected():
+    fc = forecast_size(as_data(runs()), "e")
+    best_fit = min(fc.choices, key=lambda c: c.fit_rss)
+    assert fc.choice is min(fc.choices, key=lambda c: c.loso_rmse)
+    # nested forms always fit at least as well: choosing by fit takes the most flexible B(N), which predicts worse
+    assert best_fit.forms["logB"] == "log-linear" and fc.choice.forms["logB"] == "constant"
+    assert best_fit.loso_rmse > fc.choice.loso_rmse
+    by_forms = {tuple(c.forms.values()): c for c in fc.choices}
+    for wrong in (("constant", "log-linear", "constant"), ("saturating", "constant", "constant")):
+        assert by_forms[wrong].loso_rmse > 1.5 * fc.choice.loso_rmse, (wrong, by_forms[wrong])
+
+
+def test_constant_laws_are_kept_when_nothing_changes_with_size():
+    flat = runs(A_of=lambda n: 0.7, cmid_of=lambda n: 4e4, r0_of=lambda n: 0.4)
+    fc = forecast_size(as_data(flat), "e")
+    assert fc.choice.forms["A"] in ("constant", "log-linear") and abs(fc.A - 0.7) < 0.03
+    assert fc.A_interval[0] <= 0.7 <= fc.A_interval[1]
+
+
+def test_a_size_without_runs_is_forecast_from_its_parameter_count_and_base_model():
+    data = as_data(runs(sizes={k: v for k, v in N.items() if k != "e"}))
+    fc = forecast_size(data, "e", params=N["e"], r0=r0_of(N["e"]), n_seeds=3)
+    assert fc.actual is None and fc.A_interval[0] <= A_of(N["e"]) <= fc.A_interval[1]
+    assert fc.curve[0] == pytest.approx(r0_of(N["e"]))
+
+
+def test_the_leave_one_size_out_backtest_states_its_coverage():
+    six = {**N, "f": 60e6}
+    bt = backtest_sizes(as_data(runs(sizes=six)))
+    assert list(bt.rows["size"]) == list(six) and 0 <= bt.coverage <= 1
+    interior = bt.rows[bt.rows["size"].isin(["c", "d", "e"])]
+    assert (interior["band_coverage"] >= 0.8).all(), interior
+    assert bt.lines()[0].startswith("leave-one-size-out backtest: 6 size(s) forecast from the others; 90% band holds")
+
+
+def test_the_command_forecasts_the_largest_backtests_and_plots(tmp_path, capsys):
+    df = runs().rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})
+    df.to_csv(tmp_path / "curves.csv", index=False)
+    assert main(["sizes", str(tmp_path / "curves.csv"), "--plot", str(tmp_path / "sizes.png")]) == 0
+    out = capsys.readouterr().out
+    assert "forecast of e (N 25.800M): A 0.8" in out and "passes 0.7" in out
+    assert "leave-one-size-out backtest: 4 size(s)" in out and (tmp_path / "sizes.png").stat().st_size > 10_000
+    assert "* held-out RMSE" in out and "fit RSS" in out
+
+
+@pytest.mark.parametrize(
+    ("edit", "args", "message"),
+    [
+        (lambda df: df[df["size"].isin(["a", "b", "e"])], [], r"2 size\(s\) besides 'e': forecasting one size needs"),
+        (lambda df: df.drop(columns="parameters"), [], "no column 'parameters': each row needs its size's parameter"),
+        (lambda df: df.assign(parameters=df["parameters"].where(df["size"] != "b", 0.46e6)), [],
+         "sizes 'a' and 'b' have the same parameter count"),
+        (lambda df: df.assign(parameters=df["parameters"].where(df.index != 0, 1.0)), [],
+         "size 'a' has more than one parameter count"),
+        (lambda df: df, ["--holdout", "huge"], "--holdout 'huge' is not a size of"),
+        (lambda df: df.assign(**{"val/mean_at_16": df["val/mean_at_16"].where(df["size"] != "b", 0.5)}), [],
+         "size 'b': no sigmoid gain is identifiable"),
+        (lambda df: df.assign(**{"val/mean_at_16": df["val/mean_at_16"].where(df.index != 3, 1.5)}), [],
+         "line 5: column 'val/mean_at_16' \\(1.5\\) lies outside \\[0, 1\\]"),
+    ],
+)
+def test_bad_input_is_one_error_line_naming_the_fix(tmp_path, capsys, edit, args, message):
+    df = edit(runs().rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"}))
+    df.to_csv(tmp_path / "curves.csv", index=False)
+    assert main(["sizes", str(tmp_path / "curves.csv"), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1, err
+    assert re.search(message, err), err
+
+
+def test_two_sizes_with_no_parameter_count_are_refused():
+    with pytest.raises(FitError, match="parameters = 0"):
+        size_data({"a": (0, [0, 1], [0.1, 0.2], None)})
