@@ -320,7 +320,7 @@ def test_bad_slurm_sections_get_one_clear_line(tmp_path, cli, extra, msg):
 def test_a_slurm_section_reads_times_as_slurm_does(tmp_path):
     for given, minutes in ((90, 90), ("4:00:00", 240), ("1-12:00:00", 2160), ("2-3", 3060), ("0:00:30", 1)):
         path = write_campaign(tmp_path / "ok.yaml", "ok", 4, {}, backend="slurm", slurm={"time": given})
-        assert load_campaign(path).slurm.time == minutes, given
+        assert load_campaign(path).backend_settings.time == minutes, given
 
 
 def test_a_slurm_campaign_without_sbatch_is_refused_before_anything_runs(store, tmp_path, monkeypatch):

@@ -15,6 +15,8 @@ import contextlib
 import hashlib
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -130,8 +132,6 @@ def _run_campaign(
     *,
     new_store: bool = False,
 ) -> dict[str, Any]:
-    from runners.ops.watch import watched_server
-
     db = store.sqlite_file(uri)
     missing = db is not None and not db.exists()  # no store yet: nothing to read, and --dry-run creates none
     client = None if missing else MlflowClient(uri)
@@ -176,62 +176,8 @@ def _run_campaign(
     n_stopped = 0 if resume_stopped else sum(status[s.run_key] == "stopped" for s in specs)
     log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
     t0 = time.perf_counter()
-    # a server gives the runs one writer in front of SQLite; with none to run, this process is the only one
-    # (watched: started again on the same store and port when it dies, ``runners.ops.watch``)
-    server = watched_server(uri, root / "mlartifacts", log=log) if uri.startswith("sqlite:") and todo else None
-    with server if server is not None else contextlib.nullcontext() as watched:
-        worker_uri = watched.url if watched is not None else uri
-        worker_client = MlflowClient(worker_uri)
-
-        def serving() -> None:  # a server lost for good ends the campaign: its parent FAILED (in the store), one line
-            if watched is not None:
-                watched.wait()  # a server being started again serves within seconds
-                if watched.lost is not None:
-                    client.set_terminated(parent.info.run_id, "FAILED")
-                    watched.check()
-
-        def mlflow_run(spec: RunSpec) -> Run:  # resumed if it exists, else a new child
-            if spec.run_key not in existing:
-                existing[spec.run_key] = _new_child(worker_client, exp_id, parent, camp, spec)
-            return existing[spec.run_key]
-
-        def prepare(spec: RunSpec) -> Launch:
-            serving()
-            run_id = mlflow_run(spec).info.run_id
-            make_dir(run_folder(root, spec))
-            launch = command(spec, run_id, worker_uri, root)
-            remember_store(launch.run_dir, store.store_key(uri), run_id)  # its store, not the server in front
-            return launch
-
-        monitor = None
-        if camp.adaptive is not None and not only_axis:
-            from runners.ops.adaptive import Monitor
-
-            members: dict[str, list] = {}
-            for spec in specs:  # every run of the campaign gets its MLflow run now: decisions need them all
-                members.setdefault(spec.variant, []).append(
-                    (mlflow_run(spec).info.run_id, run_folder(root, spec), float(spec.recipe.planned_samples))
-                )
-            monitor = Monitor(camp.adaptive, worker_client, members, log=log, exempt=resumed)
-
-        def poll() -> None:  # between a scheduler's polls
-            if watched is not None and watched.lost is not None:
-                serving()
-            if monitor is not None:
-                monitor()
-
-        failures = run_all(backend_of(camp, log), todo, prepare, root, monitor=poll)
-        saved = None
-        if monitor is not None:
-            monitor(force=True)
-            saved = monitor.saved()
-            log(
-                f"adaptive: {len(monitor.stopped)} variant(s) stopped; compute not spent: "
-                f"{saved['samples_saved']:.0f} completions ({saved['share_saved']:.0%} of the campaign), "
-                f"~{saved['device_hours_saved']:.3f} device-hours"
-            )
-            for k, v in saved.items():
-                worker_client.log_metric(parent.info.run_id, f"adaptive/{k}", v)
+    tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log)
+    failures, saved = tracked.train(specs, todo, decide=not only_axis, resumed=resumed)
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
         "runs": len(specs),
@@ -244,6 +190,94 @@ def _run_campaign(
         "campaign": camp,
         "adaptive": saved,
     }
+
+
+@dataclass
+class _Tracked:
+    """A campaign ready to train: its store (``client``), experiment, parent run and runs by identity."""
+
+    camp: Campaign
+    uri: str
+    root: Path
+    client: MlflowClient
+    exp_id: str
+    parent: Run
+    existing: dict[str, Run]
+    log: Callable[[str], None]
+    watched: Any = None  # the tracking server in front of a SQLite store (``runners.ops.watch``)
+    monitor: Any = None  # an adaptive campaign's decisions (``runners.ops.adaptive.Monitor``)
+
+    def train(self, specs: list[RunSpec], todo: list[RunSpec], *, decide: bool, resumed: set[str]) -> tuple:
+        """Hand ``todo`` to the campaign's backend; returns its failures and, for an adaptive campaign
+        (``decide``: not one axis alone), the compute its stops saved."""
+        from runners.ops.watch import watched_server
+
+        # a server gives the runs one writer in front of SQLite; with none to run, this process is the only one
+        # (watched: started again on the same store and port when it dies, ``runners.ops.watch``)
+        sqlite = self.uri.startswith("sqlite:") and todo
+        server = watched_server(self.uri, self.root / "mlartifacts", log=self.log) if sqlite else None
+        with server if server is not None else contextlib.nullcontext() as self.watched:
+            self.worker_uri = self.watched.url if self.watched is not None else self.uri
+            self.worker_client = MlflowClient(self.worker_uri)
+            if self.camp.adaptive is not None and decide:
+                self.monitor = self._monitor(specs, resumed)
+            failures = run_all(backend_of(self.camp, self.log), todo, self.prepare, self.root, monitor=self.poll)
+            return failures, self._saved()
+
+    def serving(self) -> None:
+        """A server lost for good ends the campaign: its parent FAILED (in the store), one line."""
+        if self.watched is not None:
+            self.watched.wait()  # a server being started again serves within seconds
+            if self.watched.lost is not None:
+                self.client.set_terminated(self.parent.info.run_id, "FAILED")
+                self.watched.check()
+
+    def mlflow_run(self, spec: RunSpec) -> Run:
+        """The run's MLflow run: resumed if it exists, else a new child."""
+        if spec.run_key not in self.existing:
+            self.existing[spec.run_key] = _new_child(self.worker_client, self.exp_id, self.parent, self.camp, spec)
+        return self.existing[spec.run_key]
+
+    def prepare(self, spec: RunSpec) -> Launch:
+        """A run's MLflow run, folder and command, just before its backend starts it."""
+        self.serving()
+        run_id = self.mlflow_run(spec).info.run_id
+        make_dir(run_folder(self.root, spec))
+        launch = command(spec, run_id, self.worker_uri, self.root)
+        remember_store(launch.run_dir, store.store_key(self.uri), run_id)  # its store, not the server in front
+        return launch
+
+    def poll(self) -> None:
+        """Between the backend's polls: the server's health, an adaptive campaign's decisions."""
+        if self.watched is not None and self.watched.lost is not None:
+            self.serving()
+        if self.monitor is not None:
+            self.monitor()
+
+    def _monitor(self, specs: list[RunSpec], resumed: set[str]) -> Any:
+        from runners.ops.adaptive import Monitor
+
+        members: dict[str, list] = {}
+        for spec in specs:  # every run of the campaign gets its MLflow run now: decisions need them all
+            members.setdefault(spec.variant, []).append(
+                (self.mlflow_run(spec).info.run_id, run_folder(self.root, spec), float(spec.recipe.planned_samples))
+            )
+        return Monitor(self.camp.adaptive, self.worker_client, members, log=self.log, exempt=resumed)
+
+    def _saved(self) -> dict[str, float] | None:
+        """The adaptive campaign's last decisions and the compute its stops saved (logged to the parent)."""
+        if self.monitor is None:
+            return None
+        self.monitor(force=True)
+        saved = self.monitor.saved()
+        self.log(
+            f"adaptive: {len(self.monitor.stopped)} variant(s) stopped; compute not spent: "
+            f"{saved['samples_saved']:.0f} completions ({saved['share_saved']:.0%} of the campaign), "
+            f"~{saved['device_hours_saved']:.3f} device-hours"
+        )
+        for k, v in saved.items():
+            self.worker_client.log_metric(self.parent.info.run_id, f"adaptive/{k}", v)
+        return saved
 
 
 def _creates(uri: str, new_store: bool) -> str:

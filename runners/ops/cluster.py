@@ -1,4 +1,5 @@
-"""Campaign backend on a Ray cluster: one Ray task per run, scheduled by Ray on its nodes' CPUs/GPUs.
+"""The Ray backend (``backend: ray``): one Ray task per run, scheduled by Ray on its nodes' CPUs/GPUs;
+its settings are ``RaySettings`` (``ray_address``, ``gpus_per_run``, ``max_retries``).
 
 Each task runs the same command as the local scheduler (``python -m runners train recipe.yaml``)
 with the run's MLflow run id, so a run that is preempted (its process killed by a signal, or its
@@ -11,28 +12,46 @@ reachable from every node (``make tracking-server`` on the head node, or any MLf
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import socket
 import subprocess
-import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
-from runners.ops.campaign import RunSpec
-from runners.ops.local import Launch, tail
+from runners.ops.backends import (
+    Backend,
+    BackendSettings,
+    Ended,
+    Launch,
+    note_placement,
+    register,
+    tail,
+    whole_numbers,
+    with_gpus,
+)
+from runners.ops.campaign import CampaignError, RunSpec
 from runners.ops.locks import child_env
 
 
-def note_placement(env: dict[str, str], log_path: str, where: str) -> None:
-    """Say where this attempt of a run runs: a line in its log and its MLflow tag ``prl.placement``."""
-    with open(log_path, "a") as f:
-        f.write(f"[placement] {where}\n")
-    if env.get("MLFLOW_RUN_ID"):
-        from mlflow.tracking import MlflowClient
+@dataclass(kw_only=True)
+class RaySettings(BackendSettings):
+    """The Ray backend's campaign keys: which cluster, and each run's GPUs."""
 
-        from runners.ops import store
+    keys: ClassVar[tuple[str, ...]] = ("ray_address", "gpus_per_run", "max_retries")
+    ray_address: str | None = None  # None: start a local Ray instance; "auto" or ray://host:port: join a cluster
+    gpus_per_run: int = 1  # on a cluster with GPUs; > 1: DDP through accelerate
 
-        MlflowClient(env["MLFLOW_TRACKING_URI"]).set_tag(env["MLFLOW_RUN_ID"], store.PLACEMENT, where)
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> RaySettings:
+        address = data.get("ray_address")
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise CampaignError(
+                f"ray_address = {address!r}: expected auto, HEAD:6379 or ray://HOST:10001 (absent: a local Ray)"
+            )
+        return cls(ray_address=address, **whole_numbers(data, ["gpus_per_run", "max_retries"]))
 
 
 class Preempted(RuntimeError):
@@ -51,51 +70,58 @@ def _run_task(cmd: list[str], env: dict[str, str], cwd: str, log_path: str) -> t
     return proc.returncode, tail(Path(log_path))
 
 
-def run_on_ray(
-    todo: list[RunSpec],
-    prepare: Callable[[RunSpec], Launch],
-    *,
-    address: str | None,
-    gpus_per_run: int,
-    max_retries: int,
-    log: Callable[[str], None],
-    monitor: Callable[[], None] | None = None,
-) -> list[tuple[RunSpec, str]]:
-    """Submit every run (``prepare(spec)`` gives its MLflow run and command) as a Ray task and wait;
-    returns ``(spec, log tail)`` failures, as ``runners.ops.local.run_local`` does."""
-    import ray
+@register
+class RayBackend(Backend):
+    """Every run submitted at once as a Ray task; Ray retries a preempted run or a lost node's."""
 
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    res = ray.cluster_resources()
-    log(f"Ray cluster: {res.get('CPU', 0):.0f} CPU, {res.get('GPU', 0):.0f} GPU")
-    gpus = gpus_per_run if res.get("GPU", 0) > 0 else 0
-    task = ray.remote(_run_task).options(
-        num_cpus=1, num_gpus=gpus, max_retries=max_retries, retry_exceptions=[Preempted]
-    )
-    pending = {}
-    for spec in todo:
-        launch = prepare(spec)
-        cmd = [*launch.cmd, "--gpus", str(gpus)] if gpus > 1 else launch.cmd
-        ref = task.remote(cmd, launch.env, str(Path.cwd()), str(launch.run_dir / "run.log"))
-        pending[ref] = spec
-    failures, t0, done = [], time.perf_counter(), 0
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=5.0)
-        if monitor is not None:
-            monitor()
-        if not ready:
-            continue
-        spec = pending.pop(ready[0])
-        done += 1
-        try:
-            code, tail = ray.get(ready[0])
-        except Exception as e:  # noqa: BLE001 - retries exhausted, or the task could not run
-            code, tail = -1, f"{type(e).__name__}: {e}"
-        elapsed = time.perf_counter() - t0
-        if code == 0:
-            log(f"[{done}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far, Ray)")
-        else:
-            failures.append((spec, tail))
-            log(f"[{done}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {tail.splitlines()[-1:]}")
-    return failures
+    name = "ray"
+    settings_class = RaySettings
+
+    def check(self) -> None:
+        if importlib.util.find_spec("ray") is None:
+            raise CampaignError(
+                f"campaign {self.camp.name} runs on Ray, which is not installed here: `make setup-full` "
+                "(or pip install -r requirements.lock -r requirements-full.lock) installs the pinned ray"
+            )
+
+    def start(self, todo: list[RunSpec], root: Path) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.settings.ray_address, include_dashboard=False, log_to_driver=False)
+        res = ray.cluster_resources()
+        self.log(f"Ray cluster: {res.get('CPU', 0):.0f} CPU, {res.get('GPU', 0):.0f} GPU")
+        self.gpus = self.settings.gpus_per_run if res.get("GPU", 0) > 0 else 0
+        self.task = ray.remote(_run_task).options(
+            num_cpus=1, num_gpus=self.gpus, max_retries=self.settings.max_retries, retry_exceptions=[Preempted]
+        )
+        self.pending: dict[Any, RunSpec] = {}
+
+    def submit(self, launch: Launch) -> None:
+        cmd = with_gpus(launch.cmd, self.gpus)
+        ref = self.task.remote(cmd, launch.env, str(Path.cwd()), str(launch.run_dir / "run.log"))
+        self.pending[ref] = launch.spec
+
+    def placement(self, launch: Launch) -> str:
+        return f" as a Ray task (1 CPU, {self.gpus} GPU)"
+
+    def poll(self) -> list[Ended]:
+        import ray
+
+        ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=5.0) if self.pending else ([], [])
+        ended = []
+        for ref in ready:
+            spec = self.pending.pop(ref)
+            try:
+                code, why = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - retries exhausted, or the task could not run
+                code, why = -1, f"{type(e).__name__}: {e}"
+            ended.append(Ended(spec, code == 0, why))
+        return ended
+
+    def cancel(self) -> None:
+        import ray
+
+        for ref in getattr(self, "pending", {}):  # force: the worker dies, and its run with it (``child_env``)
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)

@@ -1,15 +1,13 @@
-"""The local scheduler: a campaign's runs as processes on this machine, as many at once as it has
-slots (``parallel`` on CPU, ``runs_per_gpu`` per GPU on every visible GPU), with each run's
-progress echoed to the console as it happens.
+"""The local backend (``backend: local``, the default): a campaign's runs as processes on this
+machine, as many at once as it has slots (``parallel`` on CPU, ``runs_per_gpu`` per GPU on every
+visible GPU, ``gpus_per_run`` GPUs each), with each run's progress echoed to the console as it
+happens. Its settings are ``LocalSettings``; the interface is ``runners.ops.backends.Backend``.
 
-It shares its interface with the Ray backend (``runners.ops.cluster.run_on_ray``): a list of runs
-and a ``prepare(spec) -> Launch`` callback that gives each its MLflow run and command; both
-return the failures with the last lines of their logs. A run that dies of a signal (a segfault in
-native code, the kernel's OOM killer) is started again up to ``max_retries`` times: it resumes from
-its checkpoint. A Python error is not retried (it would fail the same way); every run has
-Python's faulthandler on, so a native crash leaves its stack in ``run.log``. Every process it
-starts dies with it (``locks.child_env``): a campaign killed with ``kill -9`` leaves no trainer
-writing in a run folder that its next run would resume.
+A run that dies of a signal (a segfault in native code, the kernel's OOM killer) is started again
+up to ``max_retries`` times: it resumes from its checkpoint. A Python error is not retried (it would
+fail the same way); every run has Python's faulthandler on, so a native crash leaves its stack in
+``run.log``. Every process it starts dies with it (``locks.child_env``): a campaign killed with
+``kill -9`` leaves no trainer writing in a run folder that its next run would resume.
 """
 
 from __future__ import annotations
@@ -23,9 +21,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, ClassVar
 
-from runners.ops.campaign import Campaign, CampaignError, RunSpec
+from runners.ops.backends import (
+    Backend,
+    BackendSettings,
+    Ended,
+    Launch,
+    register,
+    tail,
+    whole_numbers,
+    with_gpus,
+)
+from runners.ops.campaign import CampaignError, RunSpec
 from runners.ops.locks import child_env
 from runners.threads import share_cores, usable_cores
 
@@ -41,14 +49,18 @@ PROGRESS_MARKS = (
 )
 
 
-@dataclass
-class Launch:
-    """One run ready to start: its command, the environment naming its MLflow run, its folder."""
+@dataclass(kw_only=True)
+class LocalSettings(BackendSettings):
+    """The local backend's campaign keys: how many runs at once, and each run's GPUs."""
 
-    spec: RunSpec
-    cmd: list[str]
-    env: dict[str, str]
-    run_dir: Path
+    keys: ClassVar[tuple[str, ...]] = ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries")
+    parallel: int = 1  # concurrent runs on CPU
+    runs_per_gpu: int = 1
+    gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
+
+    @classmethod
+    def parse(cls, data: dict) -> LocalSettings:
+        return cls(**whole_numbers(data, list(cls.keys)))
 
 
 @dataclass
@@ -77,14 +89,6 @@ def command(spec: RunSpec, run_id: str, uri: str, root: Path) -> Launch:
     return Launch(spec, cmd, {"MLFLOW_TRACKING_URI": uri, "MLFLOW_RUN_ID": run_id, **http_limits()}, rdir)
 
 
-def tail(path: Path, n: int = 5) -> str:
-    """The last ``n`` non-empty lines of a run's log."""
-    if not path.is_file():
-        return ""
-    lines = [x for x in path.read_text(errors="replace").splitlines() if x.strip()]
-    return "\n".join(lines[-n:])
-
-
 def devices() -> list[str | None]:
     """Visible CUDA devices as CUDA_VISIBLE_DEVICES values, or ``[None]`` (CPU)."""
     try:
@@ -96,16 +100,16 @@ def devices() -> list[str | None]:
     return [str(i) for i in range(n)] or [None]
 
 
-def slots(camp: Campaign) -> list[str | None]:
+def slots(settings: LocalSettings, where: Path) -> list[str | None]:
     """One slot per concurrent run: GPUs x runs_per_gpu, or ``parallel`` CPU slots."""
     devs = devices()
     if devs == [None]:
-        return [None] * max(1, camp.parallel)
-    n = max(1, camp.gpus_per_run)
+        return [None] * max(1, settings.parallel)
+    n = max(1, settings.gpus_per_run)
     if n > len(devs):
-        raise CampaignError(f"{camp.path}: gpus_per_run = {n}, but only {len(devs)} GPU(s) are visible")
+        raise CampaignError(f"{where}: gpus_per_run = {n}, but only {len(devs)} GPU(s) are visible")
     groups = [",".join(devs[i : i + n]) for i in range(0, len(devs) - n + 1, n)]  # "0,1", "2,3", ...
-    return [g for g in groups for _ in range(max(1, camp.runs_per_gpu))]
+    return [g for g in groups for _ in range(max(1, settings.runs_per_gpu))]
 
 
 def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: Callable[[str], None]) -> None:
@@ -147,65 +151,63 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
             raise CampaignError(f"building base model {path.name} failed: {(out or ['no output'])[-1]}")
 
 
-def run_local(
-    camp: Campaign,
-    todo: list[RunSpec],
-    prepare: Callable[[RunSpec], Launch],
-    root: Path,
-    log: Callable[[str], None],
-    monitor: Callable[[], None] | None = None,
-) -> list[tuple[RunSpec, str]]:
-    """Run ``todo`` as local processes, as many at once as there are slots; returns the failures.
-    ``monitor`` (an adaptive campaign's decisions) is called between polls."""
-    free = slots(camp) if todo else []
-    if todo:
-        build_base_models(todo, root, free[0], log)
-    running: list[_Running] = []
-    queue, failures, done_count, t0 = list(todo), [], 0, time.perf_counter()
-    retried: dict[str, int] = {}
-    threads = max(1, cores() // max(1, len(free)))
-    try:
-        while queue or running:
-            while queue and len(running) < len(free):
-                spec = queue.pop(0)
-                device = _free_slot(free, running)
-                running.append(_start(prepare(spec), device, threads))
-                log(
-                    f"[{done_count + len(running)}/{len(todo)}] {'retry' if spec.run_key in retried else 'start'}"
-                    f" {spec.variant} seed {spec.seed}" + (f" on cuda:{device}" if device is not None else "")
-                )
-            time.sleep(1.0)
-            if monitor is not None:
-                monitor()
-            for r in list(running):
-                _echo_progress(r, log)
-                if r.proc.poll() is None:
-                    continue
-                running.remove(r)
-                r.logf.close()
-                spec, elapsed, code = r.launch.spec, time.perf_counter() - t0, r.proc.returncode
-                if code < 0 and code != -signal.SIGINT and retried.get(spec.run_key, 0) < camp.max_retries:
-                    retried[spec.run_key] = retried.get(spec.run_key, 0) + 1
-                    log(
-                        f"[{done_count + 1}/{len(todo)}] {spec.variant} seed {spec.seed} died of {_signal_name(code)};"
-                        f" retry {retried[spec.run_key]}/{camp.max_retries} resumes from its checkpoint"
-                    )
-                    queue.insert(0, spec)
-                    continue
-                done_count += 1
-                if code == 0:
-                    log(f"[{done_count}/{len(todo)}] done  {spec.variant} seed {spec.seed}  ({elapsed:.0f} s so far)")
-                else:
-                    last_lines = tail(r.launch.run_dir / "run.log")
-                    if code < 0:  # no Python traceback: say what killed it
-                        last_lines += f"\n(died of {_signal_name(code)} after {retried.get(spec.run_key, 0)} retries)"
-                    failures.append((spec, last_lines))
-                    last = last_lines.splitlines()[-1] if last_lines else ""
-                    log(f"[{done_count}/{len(todo)}] FAILED {spec.variant} seed {spec.seed}: {last}")
-    except BaseException:  # the campaign cannot go on (its tracking server is lost, an interrupt): its runs stop
-        _stop(running)
-        raise
-    return failures
+@register
+class LocalBackend(Backend):
+    """Runs as processes on this machine, one per slot (``slots``)."""
+
+    name = "local"
+    settings_class = LocalSettings
+
+    def check(self) -> None:
+        """Nothing to install; runs that span GPUs need as many visible (``slots``)."""
+        if self.settings.gpus_per_run > 1:
+            slots(self.settings, self.camp.path)
+
+    def start(self, todo: list[RunSpec], root: Path) -> None:
+        self.free = slots(self.settings, self.camp.path)
+        self.threads = max(1, cores() // max(1, len(self.free)))
+        self.running: list[_Running] = []
+        self.retried: dict[str, int] = {}
+        build_base_models(todo, root, self.free[0], self.log)
+
+    def room(self) -> bool:
+        return len(self.running) < len(self.free)
+
+    def submit(self, launch: Launch) -> None:
+        self.running.append(_start(launch, _free_slot(self.free, self.running), self.threads))
+
+    def placement(self, launch: Launch) -> str:
+        device = next(r.device for r in self.running if r.launch is launch)
+        return f" on cuda:{device}" if device is not None else ""
+
+    def poll(self) -> list[Ended]:
+        time.sleep(1.0)
+        ended = []
+        for r in list(self.running):
+            _echo_progress(r, self.log)
+            if r.proc.poll() is None:
+                continue
+            self.running.remove(r)
+            r.logf.close()
+            ended.append(self._ended(r.launch, r.proc.returncode))
+        return ended
+
+    def _ended(self, launch: Launch, code: int) -> Ended:
+        """Done, failed with its log's tail, or killed by a signal: started again while retries are left."""
+        spec, retries, most = launch.spec, self.retried.get(launch.spec.run_key, 0), self.settings.max_retries
+        if code < 0 and code != -signal.SIGINT and retries < most:
+            self.retried[spec.run_key] = retries + 1
+            why = f"died of {_signal_name(code)}; retry {retries + 1}/{most} resumes from its checkpoint"
+            return Ended(spec, False, why, again=True)
+        if code == 0:
+            return Ended(spec, True)
+        why = tail(launch.run_dir / "run.log")
+        if code < 0:  # no Python traceback: say what killed it
+            why += f"\n(died of {_signal_name(code)} after {retries} retries)"
+        return Ended(spec, False, why)
+
+    def cancel(self) -> None:
+        _stop(getattr(self, "running", []))
 
 
 def cores() -> int:
@@ -225,9 +227,7 @@ def _start(launch: Launch, device: str | None, threads: int) -> _Running:
     log_path = launch.run_dir / "run.log"
     offset = log_path.stat().st_size if log_path.is_file() else 0  # echo only this attempt's lines
     logf = log_path.open("a")
-    cmd = list(launch.cmd)
-    if device is not None and "," in device:
-        cmd += ["--gpus", str(device.count(",") + 1)]
+    cmd = with_gpus(launch.cmd, device.count(",") + 1 if device is not None else 1)
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     return _Running(proc, launch, device, logf, offset)
 

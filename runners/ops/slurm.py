@@ -1,5 +1,6 @@
-"""Campaign backend on SLURM: one job per run, submitted through submitit with the resources of the
-campaign's ``slurm:`` section (time limit, partition, account, qos, GPUs, CPUs, memory).
+"""The SLURM backend (``backend: slurm``): one job per run, submitted through submitit with the
+resources of the campaign's ``slurm:`` section (``SlurmSettings``: time limit, partition, account,
+qos, GPUs, CPUs, memory).
 
 Each job runs the command the local scheduler runs (``python -m runners train``) with the run's
 MLflow run id, so every way a job can end early resumes the run from its last checkpoint into
@@ -23,7 +24,9 @@ the nodes share, and the tracking URI must be reachable from them.
 
 from __future__ import annotations
 
+import difflib
 import getpass
+import importlib.util
 import os
 import re
 import shutil
@@ -34,18 +37,33 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import psutil
-import submitit
 
-from runners.ops.campaign import Campaign, CampaignError, RunSpec
-from runners.ops.cluster import note_placement
-from runners.ops.local import Launch, tail
+from runners.ops.backends import (
+    Backend,
+    BackendSettings,
+    Ended,
+    Launch,
+    note_placement,
+    register,
+    tail,
+    whole_numbers,
+    with_gpus,
+)
+from runners.ops.campaign import CampaignError, RunSpec
 from runners.ops.locks import parent_death_preexec
+
+try:
+    import submitit
+
+    _Checkpointable: Any = submitit.helpers.Checkpointable
+except ImportError:  # the registry still loads; the backend's check names the set-up that installs it
+    submitit, _Checkpointable = None, object
 
 POLL_S = 5.0  # between two squeue calls
 GONE_GRACE_S = 30.0  # a job absent from squeue without a result file: wait this long for a shared filesystem
@@ -57,8 +75,96 @@ LIVE = {
 NOT_RETRIED = {"FAILED", "COMPLETED"}  # over without a result: the job's own script failed; retrying fails alike
 
 
+@dataclass(kw_only=True)
+class SlurmSettings(BackendSettings):
+    """The SLURM backend's campaign keys: the ``slurm:`` section, what each run's job asks for, and
+    ``max_retries``."""
+
+    keys: ClassVar[tuple[str, ...]] = ("slurm", "max_retries")
+    time: int  # minutes: the job's time limit (a run that reaches it is requeued and resumes)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gpus: int = 0  # per run (> 1: DDP through accelerate, as gpus_per_run does locally)
+    cpus: int = 1  # per run
+    mem_gb: float | None = None  # per run; None: the partition's default
+    constraint: str | None = None
+    setup: list[str] = field(default_factory=list)  # shell lines run before each run (module load, venv)
+    sbatch: dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {reservation: x}
+
+    @classmethod
+    def parse(cls, data: dict[str, Any]) -> SlurmSettings:
+        retries = whole_numbers(data, ["max_retries"])
+        if "slurm" not in data:
+            raise CampaignError("backend slurm needs a slurm section with the jobs' time limit: slurm: {time: 240}")
+        if "gpus_per_run" in data:
+            raise CampaignError("on SLURM each job's GPUs are slurm.gpus; remove gpus_per_run")
+        return cls(**cls._section(data["slurm"]), **retries)
+
+    @classmethod
+    def _section(cls, spec: Any) -> dict[str, Any]:
+        """The ``slurm:`` section's keys, checked."""
+        example = "{time: '4:00:00', partition: gpu, account: lab, gpus: 1, cpus: 8, mem_gb: 64}"
+        if not isinstance(spec, dict):
+            raise CampaignError(f"slurm = {spec!r}: expected a mapping, e.g. {example}")
+        keys = [f.name for f in fields(cls) if f.name != "max_retries"]
+        unknown = sorted(set(spec) - set(keys))
+        if unknown:
+            near = difflib.get_close_matches(str(unknown[0]), keys, n=1)
+            hint = f"; did you mean 'slurm.{near[0]}'?" if near else f"; known keys: {', '.join(keys)}"
+            raise CampaignError(f"unknown key 'slurm.{unknown[0]}' in the campaign's slurm section{hint}")
+        if "time" not in spec:
+            raise CampaignError(f"slurm.time missing: each job's time limit, minutes or '[D-]HH:MM:SS', e.g. {example}")
+        out = dict(spec, time=_minutes(spec["time"]))
+        for key in ("partition", "account", "qos", "constraint"):
+            if out.get(key) is not None and (not isinstance(out[key], str) or not out[key].strip()):
+                raise CampaignError(f"slurm.{key} = {out[key]!r}: expected a name, e.g. {key}: my-{key}")
+        for key, low in (("gpus", 0), ("cpus", 1)):
+            v = out.get(key, low)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise CampaignError(f"slurm.{key} = {v!r}: expected a whole number >= {low} per run")
+        v = out.get("mem_gb")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+            raise CampaignError(f"slurm.mem_gb = {v!r}: expected the memory of each run in GB, e.g. 32")
+        v = out.get("setup", [])
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise CampaignError(f"slurm.setup = {v!r}: expected a list of shell lines, e.g. ['module load cuda']")
+        v = out.get("sbatch", {})
+        if not isinstance(v, dict) or not all(isinstance(x, str | int | float | bool) for x in v.values()):
+            raise CampaignError(f"slurm.sbatch = {v!r}: expected sbatch options as a mapping, e.g. {{exclude: node7}}")
+        return out
+
+
+def _minutes(v: Any) -> int:
+    """A SLURM time limit as whole minutes: a number of minutes, 'HH:MM:SS' or 'D-HH[:MM[:SS]]'
+    (SLURM reads 'A:B' as minutes:seconds, so that ambiguous form is refused)."""
+    bad = CampaignError(f"slurm.time = {v!r}: expected minutes (e.g. 240), 'HH:MM:SS' or 'D-HH:MM:SS' ('1-12:00:00')")
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < 1:
+            raise bad
+        return v
+    if not isinstance(v, str):
+        raise bad
+    days, dash, clock = v.strip().rpartition("-")
+    parts = clock.split(":")
+    if not all(x.isdigit() for x in parts) or (dash and not days.isdigit()) or len(parts) > 3:
+        raise bad
+    if not dash and len(parts) != 3:
+        raise bad
+    h, m, s = (int(x) for x in (parts + ["0", "0"])[:3])
+    total = (int(days or 0) * 24 + h) * 60 + m + (1 if s else 0)
+    if total < 1 or m >= 60 or s >= 60:
+        raise bad
+    return total
+
+
 def check_slurm() -> None:
     """Refuse a SLURM campaign where it cannot be submitted, before any MLflow run or job exists."""
+    if importlib.util.find_spec("submitit") is None:
+        raise CampaignError(
+            "backend slurm submits through submitit, which is not installed here: "
+            "`make setup` (or pip install -r requirements.lock) installs the pinned submitit"
+        )
     missing = [c for c in ("sbatch", "squeue", "scancel") if shutil.which(c) is None]
     if missing:
         raise CampaignError(
@@ -67,7 +173,7 @@ def check_slurm() -> None:
         )
 
 
-class RunJob(submitit.helpers.Checkpointable):
+class RunJob(_Checkpointable):
     """What a job runs: the run's command, its output appended to the run's log. Warned of its
     time limit or a preemption (SIGUSR2), it ends the run and asks submitit to requeue it."""
 
@@ -134,54 +240,67 @@ class _Job:
     gone_since: float | None = None
 
 
-def run_on_slurm(
-    camp: Campaign,
-    todo: list[RunSpec],
-    prepare: Callable[[RunSpec], Launch],
-    root: Path,
-    log: Callable[[str], None],
-    monitor: Callable[[], None] | None = None,
-) -> list[tuple[RunSpec, str]]:
-    """Submit every run as a SLURM job and wait; returns ``(spec, log tail)`` failures, as
-    ``runners.ops.local.run_local`` does."""
-    assert camp.slurm is not None  # load_campaign refuses backend slurm without its section
-    gpus = camp.slurm.gpus
-    driver = _Driver(camp, log)
-    restore = _sigterm_interrupts()
-    try:
-        driver.build_base_models(todo, root)
-        earlier = driver.queue() or {}
-        for spec in todo:
-            launch = prepare(spec)
-            if spec is todo[0] and urlsplit(launch.env["MLFLOW_TRACKING_URI"]).hostname in ("127.0.0.1", "localhost"):
-                log(
-                    f"note: the jobs write to the tracking server at {launch.env['MLFLOW_TRACKING_URI']}, which only "
-                    "jobs on this machine reach; on a cluster, point MLFLOW_TRACKING_URI at a server the nodes reach"
-                )
-            cmd = [*launch.cmd, "--gpus", str(gpus)] if gpus > 1 else launch.cmd
-            name = f"{spec.variant} seed {spec.seed}"
-            j = _Job(name, spec, cmd, launch.env, launch.run_dir / "slurm", launch.run_dir / "run.log")
-            if not driver.adopt(j, earlier):
-                driver.submit(j)
-        return [(j.spec, why) for j, why in driver.wait(len(todo), monitor) if j.spec is not None]
-    except BaseException:
-        driver.cancel_all()
-        raise
-    finally:
-        restore()
+@register
+class SlurmBackend(Backend):
+    """Every run submitted at once as a SLURM job (``_Driver``), after a job has built each base model
+    the runs share; SIGTERM interrupts the campaign as Ctrl-C does, and its jobs are cancelled."""
+
+    name = "slurm"
+    settings_class = SlurmSettings
+
+    def check(self) -> None:
+        check_slurm()
+
+    def start(self, todo: list[RunSpec], root: Path) -> None:
+        self.driver = _Driver(self.camp.name, self.settings, self.log)
+        self.restore = _sigterm_interrupts()
+        self.jobs: dict[Path, _Job] = {}
+        self.driver.build_base_models(todo, root)
+        self.earlier = self.driver.queue() or {}
+
+    def submit(self, launch: Launch) -> None:
+        uri, spec = launch.env["MLFLOW_TRACKING_URI"], launch.spec
+        if not self.jobs and urlsplit(uri).hostname in ("127.0.0.1", "localhost"):
+            self.log(
+                f"note: the jobs write to the tracking server at {uri}, which only jobs on this machine reach; "
+                "on a cluster, point MLFLOW_TRACKING_URI at a server the nodes reach"
+            )
+        cmd = with_gpus(launch.cmd, self.settings.gpus)
+        name = f"{spec.variant} seed {spec.seed}"
+        j = _Job(name, spec, cmd, launch.env, launch.run_dir / "slurm", launch.run_dir / "run.log")
+        self.jobs[launch.run_dir] = j
+        if not self.driver.adopt(j, self.earlier):
+            self.driver.submit(j)
+
+    def placement(self, launch: Launch) -> str:
+        j = self.jobs[launch.run_dir]
+        return f" as SLURM job {j.job.job_id} (job files: {j.folder})"
+
+    def poll(self) -> list[Ended]:
+        return [Ended(j.spec, ok, why) for j, ok, why in self.driver.step() if j.spec is not None]
+
+    def cancel(self) -> None:
+        if hasattr(self, "driver"):
+            self.driver.cancel_all()
+
+    def close(self) -> None:
+        if hasattr(self, "restore"):
+            self.restore()
 
 
 class _Driver:
-    def __init__(self, camp: Campaign, log: Callable[[str], None]) -> None:
-        self.camp, self.log = camp, log
+    """The campaign's SLURM jobs: submitted, adopted from an earlier invocation, polled through
+    ``squeue``, submitted again when they end early, cancelled by id."""
+
+    def __init__(self, campaign: str, settings: SlurmSettings, log: Callable[[str], None]) -> None:
+        self.campaign, self.s, self.log = campaign, settings, log
         self.live: dict[str, _Job] = {}  # job id -> job not over yet
         self.user = getpass.getuser()
         self.squeue_down = False
 
     def executor(self, folder: Path, name: str) -> submitit.SlurmExecutor:
-        s = self.camp.slurm
-        assert s is not None
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=self.camp.max_retries)
+        s = self.s
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=s.max_retries)
         optional = {
             "partition": s.partition,
             "account": s.account,
@@ -193,7 +312,7 @@ class _Driver:
             "additional_parameters": dict(s.sbatch) or None,
         }
         ex.update_parameters(
-            job_name=re.sub(r"[^\w.=-]+", "_", f"prl-{self.camp.name}-{name}"),
+            job_name=re.sub(r"[^\w.=-]+", "_", f"prl-{self.campaign}-{name}"),
             time=s.time,
             cpus_per_task=s.cpus,
             stderr_to_stdout=True,
@@ -209,7 +328,8 @@ class _Driver:
             raise CampaignError(f"sbatch refused the job of {j.name}: {_last_line(str(e))}") from None
         j.state, j.gone_since = "SUBMITTED", None
         self.live[j.job.job_id] = j
-        self.log(f"  submitted job {j.job.job_id}: {j.name} (job files: {j.folder})")
+        if j.spec is None or j.retries:  # a run's first job is on its start line (``SlurmBackend.placement``)
+            self.log(f"  submitted job {j.job.job_id}: {j.name} (job files: {j.folder})")
 
     def adopt(self, j: _Job, states: dict[str, tuple[str, str]]) -> bool:
         """A job that an earlier invocation of the campaign (killed, or its login shell gone) left
@@ -254,36 +374,39 @@ class _Driver:
             builds.append(_Job(f"base model {path.name}", None, cmd, {}, folder, folder / "build.log"))
             self.submit(builds[-1])
         if builds:
-            failed = self.wait(len(builds), None)
+            failed = self.wait(len(builds))
             if failed:  # every run that needs it would fail the same way: say why once
                 raise CampaignError(f"building {failed[0][0].name} failed: {_last_line(failed[0][1])}")
 
-    def wait(self, total: int, monitor: Callable[[], None] | None) -> list[tuple[_Job, str]]:
+    def wait(self, total: int) -> list[tuple[_Job, str]]:
         """Until every submitted job is over (retries included); returns the failed ones and why."""
         failures, done, t0 = [], 0, time.perf_counter()
         while self.live:
-            time.sleep(POLL_S)
-            if monitor is not None:
-                monitor()
-            states = self.queue()
-            if states is None:
-                continue
-            for job_id, j in list(self.live.items()):
-                over = self.poll(job_id, j, states.get(job_id))
-                if over is None:
-                    continue
-                ok, why = over
-                if ok is None:  # submitted again, under a new job id
-                    continue
-                del self.live[job_id]
+            for j, ok, why in self.step():
                 done += 1
-                where = f"job {job_id}, {time.perf_counter() - t0:.0f} s so far, SLURM"
+                where = f"{time.perf_counter() - t0:.0f} s so far, SLURM"
                 if ok:
                     self.log(f"[{done}/{total}] done  {j.name}  ({where})")
                 else:
                     failures.append((j, why))
                     self.log(f"[{done}/{total}] FAILED {j.name} ({where}): {_last_line(why)}")
         return failures
+
+    def step(self) -> list[tuple[_Job, bool, str]]:
+        """Wait ``POLL_S``; the jobs that are over since, done or not, and why (jobs that ended early
+        are submitted again, and not over)."""
+        time.sleep(POLL_S)
+        states = self.queue()
+        if states is None:
+            return []
+        over = []
+        for job_id, j in list(self.live.items()):
+            end = self.poll(job_id, j, states.get(job_id))
+            if end is None or end[0] is None:  # not over, or submitted again under a new job id
+                continue
+            del self.live[job_id]
+            over.append((j, end[0], end[1]))
+        return over
 
     def poll(self, job_id: str, j: _Job, state: tuple[str, str] | None) -> tuple[bool | None, str] | None:
         """None while the job is not over; else (True, "") done, (False, why) failed, (None, "")
@@ -315,11 +438,11 @@ class _Driver:
         elif final in NOT_RETRIED:
             slurm_log = j.job.paths.stdout
             return False, f"job {job_id} ended {final} without a result; its log {slurm_log}:\n{tail(slurm_log)}"
-        if j.retries >= self.camp.max_retries:
+        if j.retries >= self.s.max_retries:
             return False, f"{log_tail}\n(job {job_id} ended {final} after {j.retries} retries)"
         j.retries += 1
         self.log(
-            f"  job {job_id} ({j.name}) ended {final}; retry {j.retries}/{self.camp.max_retries} "
+            f"  job {job_id} ({j.name}) ended {final}; retry {j.retries}/{self.s.max_retries} "
             "resumes from its checkpoint"
         )
         del self.live[job_id]
