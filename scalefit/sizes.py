@@ -16,6 +16,7 @@ numbers. ``backtest_sizes`` forecasts each size from the others the same way and
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from collections.abc import Mapping
@@ -26,13 +27,11 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy.stats import norm
 
 from scalefit.curve import sigmoid
 from scalefit.errors import FitError
 from scalefit.fit import fit_sigmoid
 from scalefit.grids import parse_grid
-from scalefit.uncertainty import bootstrap
 
 A_GRID = "0.05:1.0:0.01"
 ALPHAS = np.geomspace(0.05, 3.0, 40)  # the saturating power law's exponents searched
@@ -45,6 +44,7 @@ FORMS: dict[str, tuple[str, ...]] = {
 }
 N_PARAMS = {"constant": 1, "log-linear": 2, "saturating": 3}
 MIN_SIZES = 2
+H = 0.05  # the step in log B at which the sizes' sensitivity to the shared B is measured
 MAX_REACH = 4.0  # a forecast this many times past the largest fitted N is an extrapolation too far
 
 
@@ -82,6 +82,9 @@ class SizeFit:
     sd: dict[str, float]
     resid_sd: float  # one evaluation's scatter about the fit (seed offsets and evaluation noise)
     n_seeds: int
+    curvature_sd: dict[str, float] = field(default_factory=dict)  # from the fit's curvature, evaluations independent
+    b_slope: dict[str, float] = field(default_factory=dict)  # fitted with one B: how A and log C_mid move with it
+    b_sd: float = 0.0  # and that B's spread (every size's draws move with one draw of it)
 
 
 @dataclass
@@ -117,6 +120,8 @@ class SizeForecast:
     pass_interval: tuple[float, float]
     pass_share: float  # share of draws that pass it at all
     misfit_sd: dict[str, float]  # each law's own misfit on held-out sizes, added to the draws
+    fits: list[SizeFit]  # the fitted sizes, smallest first
+    joint_b: bool  # the sizes fitted with one B (it predicted held-out sizes better than one B a size)
     predictable: bool
     reasons: list[str]
     draws: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
@@ -158,8 +163,9 @@ def size_data(curves: Mapping[str, tuple[float, Any, Any, Any]]) -> dict[str, Si
     return dict(sorted(out.items(), key=lambda kv: kv[1].params))
 
 
-def fit_size(name: str, d: SizeData, *, a_grid=A_GRID, n_resamples: int = 200, seed: int = 0) -> SizeFit:
-    """One size's sigmoid on its seeds pooled, with each parameter's spread from ``bootstrap``."""
+def fit_size(name: str, d: SizeData, *, a_grid=A_GRID, seed: int = 0) -> SizeFit:
+    """One size's sigmoid on its seeds pooled, as ``fit_sigmoid`` fits it (the paper's grid, then the
+    polish), with each parameter's spread from leaving out one seed at a time (``refit``)."""
     grid = parse_grid(a_grid, name="--a-grid", kind="step") if isinstance(a_grid, str) else a_grid
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -167,26 +173,71 @@ def fit_size(name: str, d: SizeData, *, a_grid=A_GRID, n_resamples: int = 200, s
             f = fit_sigmoid(d.compute, d.value, runs=d.seed, a_grid=grid)
         except FitError as e:
             raise FitError(f"size {name!r}: {e}") from None
-        boot = bootstrap(f, n_resamples=n_resamples, seed=seed, level=0.9)
-    z = norm.ppf(0.95)
-    sd_a = (boot.interval("A")[1] - boot.interval("A")[0]) / (2 * z)
-    lc = np.log(boot.interval("C_mid"))
-    lb = np.log(np.maximum(boot.interval("B"), 1e-6))
-    k = d.n_seeds
-    resid = f.value - f.predict(f.compute)
-    c0 = d.compute == 0
-    r0_sd = float(np.std(d.value[c0], ddof=1) / np.sqrt(c0.sum())) if c0.sum() > 1 else 0.01
-    # the points' bootstrap treats each evaluation as independent; seeds share their offsets along a curve,
-    # so each parameter's spread is at least what k seeds resolve of one evaluation's scatter
-    floor = float(np.std(resid)) / np.sqrt(max(k, 1))
-    sd = {
-        "A": max(sd_a, floor),
-        "logC": max((lc[1] - lc[0]) / (2 * z), floor / max(f.A - f.R0, 0.05)),
-        "logB": max((lb[1] - lb[0]) / (2 * z), 0.02),
-        "R0": max(r0_sd, 1e-3),
-    }
     theta = {"A": f.A, "logC": float(np.log(f.C_mid)), "logB": float(np.log(f.B)), "R0": f.R0}
-    return SizeFit(name, d.params, theta, sd, float(np.std(resid)), k)
+    return refit(SizeFit(name, d.params, theta, {}, 0.0, d.n_seeds), d)
+
+
+def _least_squares(c: np.ndarray, v: np.ndarray, r0: float, start: np.ndarray, log_b: float | None):
+    """The sigmoid by least squares in (A, log C_mid[, log B]) from ``start``, R0 held (and B, at ``log_b``)."""
+    from scipy.optimize import least_squares  # noqa: PLC0415
+
+    lo = np.array([r0 + 1e-3, np.log(c.max() / 1000), np.log(0.05)])
+    hi = np.array([1.0, np.log(c.max() * 50), np.log(20.0)])
+    n = 3 if log_b is None else 2
+    x0 = np.clip(start[:n], lo[:n] + 1e-9, hi[:n] - 1e-9)
+
+    def resid(t: np.ndarray) -> np.ndarray:
+        return sigmoid(c, t[0], np.exp(t[2] if log_b is None else log_b), np.exp(t[1]), r0) - v
+
+    return least_squares(resid, x0, bounds=(lo[:n], hi[:n]))
+
+
+def refit(f: SizeFit, d: SizeData, log_b: float | None = None) -> SizeFit:
+    """``f`` refitted by least squares from its optimum (B held at ``log_b`` when given: the sizes fitted
+    jointly with one B), each parameter's spread from leaving out one seed at a time (jackknife), or with
+    one seed from the fit's curvature; at least what the seeds resolve of one evaluation's scatter."""
+    r0, use = f.theta["R0"], d.compute > 0
+    start = np.array([f.theta["A"], f.theta["logC"], f.theta["logB"]])
+    best = _least_squares(d.compute[use], d.value[use], r0, start, log_b)
+    resid_sd = float(np.std(best.fun))
+    seeds = np.unique(d.seed[use])
+    k = len(seeds)
+    curvature = np.diag(np.linalg.pinv(best.jac.T @ best.jac)) * resid_sd**2
+    if k >= 2:
+        jk = np.array(
+            [_least_squares(d.compute[use & (d.seed != s)], d.value[use & (d.seed != s)], r0, best.x, log_b).x
+             for s in seeds]
+        )  # fmt: skip
+        var = (k - 1) / k * ((jk - jk.mean(axis=0)) ** 2).sum(axis=0)
+    else:
+        var = curvature * 4  # x4: one run's evaluations are correlated
+    floor = resid_sd / np.sqrt(k)
+    gain = max(best.x[0] - r0, 0.05)
+    c0 = d.compute == 0
+    sd = {
+        "A": max(float(np.sqrt(var[0])), floor),
+        "logC": max(float(np.sqrt(var[1])), floor / gain),
+        "logB": max(float(np.sqrt(var[2])), 0.02) if log_b is None else 1e-3,
+        "R0": max(float(np.std(d.value[c0], ddof=1) / np.sqrt(c0.sum())) if c0.sum() > 1 else 0.01, 1e-3),
+    }
+    theta = {"A": float(best.x[0]), "logC": float(best.x[1]), "logB": float(best.x[2] if log_b is None else log_b)}
+    names = ("A", "logC") if log_b is not None else ("A", "logC", "logB")
+    curv = dict(zip(names, np.sqrt(curvature), strict=False))
+    return SizeFit(f.name, f.params, {**theta, "R0": r0}, sd, resid_sd, k, curv)
+
+
+def pooled_spread(fits: list[SizeFit]) -> list[SizeFit]:
+    """Each size's spread as its curvature's, scaled by the sizes' median ratio of leave-a-seed-out spread to
+    curvature: a few seeds make one size's jackknife a noisy estimate, the ratio pooled over sizes a steadier one."""
+    out = [dataclasses.replace(f, sd=dict(f.sd)) for f in fits]
+    for p in ("A", "logC", "logB"):
+        have = [f for f in out if f.n_seeds >= 2 and f.curvature_sd.get(p, 0) > 0]
+        if len(have) < 2:
+            continue
+        ratio = float(np.median([f.sd[p] / f.curvature_sd[p] for f in have]))
+        for f in have:
+            f.sd[p] = max(f.curvature_sd[p] * ratio, f.sd[p] if p == "logB" else 0.0, 1e-3)
+    return out
 
 
 def _design(form: str, x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
@@ -235,10 +286,12 @@ def _fittable(forms: dict[str, str], n: int) -> bool:
     return all(N_PARAMS[f] <= n for f in forms.values())
 
 
-def _combos(n_fit: int, with_r0: bool) -> list[dict[str, str]]:
-    """Every combination of forms that the others of ``n_fit`` sizes can fit (each held out in turn)."""
+def _combos(n_fit: int, with_r0: bool, one_b: bool = False) -> list[dict[str, str]]:
+    """Every combination of forms that the others of ``n_fit`` sizes can fit (each held out in turn); B
+    constant only where the sizes were fitted with one B."""
     params = [p for p in PARAMS if with_r0 or p != "R0"]
-    out = [dict(zip(params, forms, strict=True)) for forms in product(*(FORMS[p] for p in params))]
+    forms = {**FORMS, "logB": ("constant",)} if one_b else FORMS
+    out = [dict(zip(params, f, strict=True)) for f in product(*(forms[p] for p in params))]
     return [c for c in out if _fittable(c, n_fit - 1)]
 
 
@@ -252,12 +305,12 @@ def _point_theta(fits: list[SizeFit], forms: dict[str, str], ref: float, n_new: 
     return out
 
 
-def choose_forms(fits: list[SizeFit], data: dict[str, SizeData], r0_known: bool) -> list[Choice]:
+def choose_forms(fits: list[SizeFit], data: dict[str, SizeData], r0_known: bool, one_b: bool = False) -> list[Choice]:
     """Every combination of forms scored by its fit (weighted RSS of the laws) and by predicting each size
     from the others (the held-out curve RMSE); best held-out error first."""
     ref = fits[0].params
     choices = []
-    for forms in _combos(len(fits), not r0_known):
+    for forms in _combos(len(fits), not r0_known, one_b):
         rss = 0.0
         x = _x(np.array([f.params for f in fits]), ref)
         for p, form in forms.items():
@@ -300,6 +353,29 @@ def _misfit(fits: list[SizeFit], forms: dict[str, str], n_draws: int, rng: np.ra
     return out
 
 
+def _per_size(
+    free: list[SizeFit], data: Mapping[str, SizeData], r0_known: bool
+) -> tuple[list[SizeFit], list[Choice], bool]:
+    """The sizes fitted one by one, or jointly with one B (its spread-weighted mean): whichever predicts
+    held-out sizes better (``choose_forms``); one B steadies A and C_mid where the budget leaves them traded
+    against B. Returns the fits, their forms' scores and whether B is shared."""
+    free = pooled_spread(free)
+    w = np.array([1 / f.sd["logB"] ** 2 for f in free])
+    b = np.array([f.theta["logB"] for f in free])
+    log_b = float(np.sum(w * b) / w.sum())
+    b_sd = max(float(np.sqrt(1 / w.sum())), float(np.sqrt(np.sum(w * (b - log_b) ** 2) / w.sum())))
+    joint = pooled_spread([refit(f, data[f.name], log_b) for f in free])
+    for f in joint:  # how each size's A and C_mid move with the one B: its spread moves every size together
+        d, use, start = data[f.name], data[f.name].compute > 0, np.array([f.theta["A"], f.theta["logC"], log_b])
+        up, down = (_least_squares(d.compute[use], d.value[use], f.theta["R0"], start, log_b + h).x for h in (H, -H))
+        f.b_slope = {"A": (up[0] - down[0]) / (2 * H), "logC": (up[1] - down[1]) / (2 * H), "logB": 1.0}
+        f.b_sd = b_sd
+    one_by_one, together = choose_forms(free, dict(data), r0_known), choose_forms(joint, dict(data), r0_known, True)
+    if together[0].loso_rmse <= one_by_one[0].loso_rmse:
+        return joint, together, True
+    return free, one_by_one, False
+
+
 def forecast_size(
     data: Mapping[str, SizeData],
     target: str,
@@ -329,21 +405,23 @@ def forecast_size(
             "(each law is chosen by predicting a fitted size from the rest)"
         )
     fits_given = fits
-    fits = [fits[k] if fits and k in fits else fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in fitted.items()]
+    free = [fits[k] if fits and k in fits else fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in fitted.items()]
     own = data.get(target)
     if r0 is None and own is not None:
         r0 = own.r0()
-    choices = choose_forms(fits, dict(fitted), r0 is not None)
+    fits, choices, joint = _per_size(free, fitted, r0 is not None)
     choice = choices[0]
     rng = np.random.default_rng(seed)
     misfit = _misfit(fits, choice.forms, n_draws, rng)
     ref = fits[0].params
     x = _x(np.array([f.params for f in fits]), ref)
     draws: dict[str, np.ndarray] = {}
+    shift = fits[0].b_sd * rng.standard_normal((n_draws, 1))  # one B for every size: its draw, shared
     for p, form in choice.forms.items():
         y = np.array([f.theta[p] for f in fits])
         sd = np.array([f.sd[p] for f in fits])
-        ys = y + sd * rng.standard_normal((n_draws, len(fits)))
+        slope = np.array([f.b_slope.get(p, 0.0) for f in fits])
+        ys = y + slope * shift + sd * rng.standard_normal((n_draws, len(fits)))
         pred = law_predict(form, x, ys, 1 / sd**2, _x(np.array([params]), ref))[0][:, 0]
         draws[p] = pred + misfit[p] * rng.standard_normal(n_draws)
     if r0 is not None:
@@ -358,7 +436,7 @@ def forecast_size(
     fc = SizeForecast(
         name=target, params=float(params), level=level, choice=choice, choices=choices, compute=grid, curve=none,
         lo=none, hi=none, A=0.0, A_interval=(0.0, 0.0), pass_level=0.0, pass_compute=0.0, pass_interval=(0.0, 0.0),
-        pass_share=0.0, misfit_sd=misfit, predictable=False, reasons=[], draws=draws,
+        pass_share=0.0, misfit_sd=misfit, fits=fits, joint_b=joint, predictable=False, reasons=[], draws=draws,
     )  # fmt: skip
     fc.curve = np.median(fc.curve_draws(grid), axis=0)
     fc.lo, fc.hi = fc.band_at(grid, k)
@@ -497,16 +575,17 @@ def backtest_sizes(
     return SizesBacktest(pd.DataFrame(rows), kwargs.get("level", 0.9))
 
 
-def forecast_lines(fc: SizeForecast, fits: list[SizeFit]) -> list[str]:
+def forecast_lines(fc: SizeForecast) -> list[str]:
     """The forecast in words and numbers."""
     lo, hi = fc.A_interval
     p_lo, p_hi = fc.pass_interval
-    out = ["per size (sigmoid on its seeds pooled):"]
+    how = "jointly, one B for every size" if fc.joint_b else "one by one"
+    out = [f"per size (the sigmoid on its seeds pooled, fitted {how}; ± from leaving out a seed):"]
     out += [
         f"  {f.name:<10} N {f.params / 1e6:8.3f}M  A {f.theta['A']:.3f} ±{f.sd['A']:.3f}  "
         f"C_mid {np.exp(f.theta['logC']):.3g}  B {np.exp(f.theta['logB']):.2f}  R0 {f.theta['R0']:.3f}"
         f"  seeds {f.n_seeds}"
-        for f in fits
+        for f in fc.fits
     ]
     out.append("forms across sizes (chosen by held-out error; fit quality beside it):")
     for c in fc.choices[:6]:
@@ -537,7 +616,7 @@ def forecast_lines(fc: SizeForecast, fits: list[SizeFit]) -> list[str]:
     return out
 
 
-def plot_sizes(data: Mapping[str, SizeData], fits: list[SizeFit], fc: SizeForecast | None, path: str | Path) -> Path:
+def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path) -> Path:
     """Every size's mean curve (points) and fit (line), the forecast's median and band, and the forecast
     size's own curve drawn over it when it exists."""
     import matplotlib  # noqa: PLC0415 - only the plot needs it
@@ -547,11 +626,11 @@ def plot_sizes(data: Mapping[str, SizeData], fits: list[SizeFit], fc: SizeForeca
 
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(data)))
-    by_name = {f.name: f for f in fits}
+    by_name = {f.name: f for f in fc.fits}
     for color, (name, d) in zip(colors, data.items(), strict=True):
         c, v, _ = d.mean_curve()
         label = f"{name} ({d.params / 1e6:.2g}M)"
-        if fc is not None and name == fc.name:
+        if name == fc.name:
             ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual", zorder=5)
             continue
         ax.plot(c, v, "o", color=color, ms=3, alpha=0.7)
@@ -561,14 +640,13 @@ def plot_sizes(data: Mapping[str, SizeData], fits: list[SizeFit], fc: SizeForeca
             t = f.theta
             ax.plot(grid, sigmoid(grid, t["A"], np.exp(t["logB"]), np.exp(t["logC"]), t["R0"]), "-", color=color,
                     label=label)  # fmt: skip
-    if fc is not None:
-        band = f"{fc.name}: forecast {fc.level:.0%} band"
-        ax.fill_between(fc.compute, fc.lo, fc.hi, color="crimson", alpha=0.15, label=band)
-        ax.plot(fc.compute, fc.curve, "--", color="crimson", label=f"{fc.name}: forecast, A {fc.A:.3f}")
-        ax.axhline(fc.pass_level, color="gray", lw=0.8, ls=":")
+    band = f"{fc.name}: forecast {fc.level:.0%} band"
+    ax.fill_between(fc.compute, fc.lo, fc.hi, color="crimson", alpha=0.15, label=band)
+    ax.plot(fc.compute, fc.curve, "--", color="crimson", label=f"{fc.name}: forecast, A {fc.A:.3f}")
+    ax.axhline(fc.pass_level, color="gray", lw=0.8, ls=":")
     ax.set_xlabel("compute")
     ax.set_ylabel("mean@16")
-    ax.set_title("across sizes: fits, and the forecast of " + (fc.name if fc else "-"))
+    ax.set_title(f"across sizes: fits, and the forecast of {fc.name}")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     out = Path(path)
@@ -611,13 +689,13 @@ def cmd_sizes(args) -> int:
     fits = {k: fit_size(k, d, a_grid=args.a_grid) for k, d in data.items() if k != target}
     fc = forecast_size(data, target, params=args.params, r0=args.r0, n_seeds=args.seeds, fits=fits, **kw)
     seconds = time.perf_counter() - t0
-    print("\n".join(forecast_lines(fc, list(fits.values()))))
+    print("\n".join(forecast_lines(fc)))
     print(f"(across-size fits and forecast: {seconds:.2f} s)")
     fitted = {k: d for k, d in data.items() if k != target}
     if len(fitted) > MIN_SIZES + 1:
         print("\n".join(backtest_sizes(fitted, fits=fits, **kw).lines()))
     if args.plot:
-        path = plot_sizes(data, list(fits.values()), fc, args.plot)
+        path = plot_sizes(data, fc, args.plot)
         print(f"plot: {path}")
     return 0
 

@@ -12,7 +12,7 @@ import pytest
 from scalefit.cli import main
 from scalefit.curve import sigmoid
 from scalefit.errors import FitError
-from scalefit.sizes import backtest_sizes, fit_size, forecast_size, size_data
+from scalefit.sizes import backtest_sizes, choose_forms, fit_size, forecast_size, size_data
 from scalefit.synthetic import size_runs
 
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
@@ -57,15 +57,19 @@ def test_known_laws_are_recovered_and_the_largest_size_is_forecast_within_its_ba
 
 
 def test_forms_are_chosen_by_held_out_error_not_by_fit_so_wrong_ones_are_rejected():
-    fc = forecast_size(as_data(runs()), "e")
-    best_fit = min(fc.choices, key=lambda c: c.fit_rss)
-    assert fc.choice is min(fc.choices, key=lambda c: c.loso_rmse)
-    # nested forms always fit at least as well: choosing by fit takes the most flexible B(N), which predicts worse
-    assert best_fit.forms["logB"] == "log-linear" and fc.choice.forms["logB"] == "constant"
-    assert best_fit.loso_rmse > fc.choice.loso_rmse
+    data = as_data(runs())
+    fits = [fit_size(k, d) for k, d in data.items() if k != "e"]
+    choices = choose_forms(fits, data, r0_known=True)  # the sizes fitted one by one, each its own B
+    best_fit = min(choices, key=lambda c: c.fit_rss)
+    assert choices[0] is min(choices, key=lambda c: c.loso_rmse)
+    # a form that nests another always fits at least as well: choosing by fit takes a B(N) that predicts worse
+    assert best_fit.forms["logB"] == "log-linear" and choices[0].forms["logB"] == "constant"
+    assert best_fit.loso_rmse > choices[0].loso_rmse
+    fc = forecast_size(data, "e")
     by_forms = {tuple(c.forms.values()): c for c in fc.choices}
-    for wrong in (("constant", "log-linear", "constant"), ("saturating", "constant", "constant")):
-        assert by_forms[wrong].loso_rmse > 1.5 * fc.choice.loso_rmse, (wrong, by_forms[wrong])
+    assert fc.choice.forms["A"] == "saturating" and fc.choice.forms["logC"] == "log-linear"
+    for wrong in (("constant", "log-linear"), ("log-linear", "log-linear"), ("saturating", "constant")):
+        assert by_forms[(*wrong, "constant")].loso_rmse > 1.5 * fc.choice.loso_rmse, (wrong, fc.choices)
 
 
 def test_constant_laws_are_kept_when_nothing_changes_with_size():
