@@ -23,7 +23,7 @@ TEST_WORKERS ?= 2
 UV      := uv==0.13.9
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
+.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-sizes bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; fore
 
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
 	$(BIN)/python -m tests.bench_predict
+
+bench-sizes: $(STAMP) ## across-size fit: time for 10 sizes x 5 seeds (target < 5 s) and calibration on synthetic scale studies
+	$(BIN)/python -m tests.bench_sizes
 
 bench-adaptive: $(STAMP) ## replay adaptive-campaign decisions on synthetic and recorded curves: right/wrong stops, compute saved
 	$(BIN)/python -m tests.bench_adaptive

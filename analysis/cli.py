@@ -23,6 +23,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
         table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
         ui = ui_address(camp.name, uri)
     print(summary(table, out, margin=fit_settings(camp.fit).margin, title=camp.name, ui=ui), end="")
+    if camp.kind == "scale":  # across sizes: the largest forecast from the others (analysis.sizes)
+        import pandas as pd
+
+        from analysis.sizes import write_sizes
+
+        curves = pd.read_csv(Path(args.curves) if args.curves else out / "curves.csv")
+        print("\n".join(write_sizes(curves, out, camp.fit.x)))
     unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
     if unfinished:
         print(

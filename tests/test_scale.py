@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from runners.ops.campaign import CampaignError, expand, load_campaign, size_budgets
@@ -122,3 +124,53 @@ def test_a_tiny_scale_campaign_runs_end_to_end_and_mlflow_groups_its_runs_by_siz
     assert [r.data.params["train.steps"] for r in by_size] == ["4"] and by_size[0].data.tags["prl.done"] == "1"
     again: list[str] = []
     assert run_campaign(path, log=again.append)["ran"] == 0 and "2 done, 0 stopped, 0 to run" in again
+    from analysis.loo import load_curves
+    from analysis.sizes import write_sizes
+
+    said = write_sizes(load_curves("scale", store), tmp_path / "fit", "compute/samples")
+    table = pd.read_csv(tmp_path / "fit" / "sizes.csv")
+    assert dict(zip(table["size"], table["parameters"], strict=False)) == {"pico": 27296, "tiny": 95552}
+    assert "no forecast: forecasting tiny needs 3 other sizes with fitted curves, this campaign has 1" in said[1]
+
+
+def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_others(tmp_path, capsys):
+    """``python -m analysis fit`` on a scale campaign's curves (as load_curves gives them: variant size=NAME):
+    the per-size table, then sizes.csv with each size's parameter count, the forecast of the largest with
+    the backtest (sizes.md) and the plot (sizes.png)."""
+    from analysis.cli import main
+    from scalefit.synthetic import size_runs
+
+    names = list(load_campaign("scale-gpu").sizes)[::-1]
+    df = size_runs(
+        {n: parameter_count(n) for n in names},
+        lambda n: 0.95 - 0.9 * (n / 1e5) ** -0.35,
+        lambda n: 3e4 * (n / 1e6) ** 0.3,
+        lambda n: 1.8,
+        lambda n: 0.3 + 0.03 * np.log(n / 1e5),
+        seeds=3,
+        c_max=153_600,
+        n_points=31,
+        n_prompts=300,
+    )
+    variant = "size=" + df["size"]
+    curves = pd.DataFrame(
+        {
+            "run": variant + "/seed" + df["seed"].astype(str),
+            "variant": variant,
+            "axis": "size",
+            "seed": df["seed"],
+            "step": (df["compute"] / 512).round().astype(int),
+            "val/mean_at_16": df["value"],
+            "compute/samples": df["compute"],
+            "run_id": variant + df["seed"].astype(str),
+        }
+    )
+    curves.to_csv(tmp_path / "curves.csv", index=False)
+    assert main(["fit", "scale-gpu", "--curves", str(tmp_path / "curves.csv"), "--out", str(tmp_path / "fit")]) == 0
+    out = capsys.readouterr().out
+    assert "size=large" in out and "across sizes: 5 size(s)" in out and "forecast of large (N 25.791M)" in out
+    assert "leave-one-size-out backtest: 4 size(s)" in out
+    sizes = pd.read_csv(tmp_path / "fit" / "sizes.csv")
+    assert set(zip(sizes["size"], sizes["parameters"], strict=True)) == {(n, parameter_count(n)) for n in names}
+    assert "forecast of large" in (tmp_path / "fit" / "sizes.md").read_text()
+    assert (tmp_path / "fit" / "sizes.png").stat().st_size > 10_000

@@ -1,0 +1,61 @@
+"""A scale campaign's across-size fit: its curves with each run's size and parameter count (the
+``sizes.csv`` that ``python -m scalefit sizes`` reads), the forecast of its largest size (or
+``holdout``) from the others with the leave-one-size-out backtest (``sizes.md``) and the plot
+(``sizes.png``), written beside the per-size table that ``python -m analysis fit`` writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from runners.task.sizes import SIZES, parameter_count
+from scalefit.errors import FitError
+from scalefit.sizes import MIN_SIZES, backtest_sizes, fit_size, forecast_lines, forecast_size, plot_sizes, size_data
+
+SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.ops.campaign.expand)
+
+
+def scale_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    """``load_curves``' table with each row's size and that size's parameter count."""
+    size = curves["variant"].astype(str).str.removeprefix(SIZE_PREFIX)
+    unknown = sorted(set(size[~size.isin(list(SIZES))]))
+    if unknown:
+        raise ValueError(f"variant {SIZE_PREFIX}{unknown[0]}: not an embedded size; is this a scale campaign's curves?")
+    out = curves.copy()
+    out.insert(1, "size", size)
+    out.insert(2, "parameters", size.map(parameter_count))
+    return out
+
+
+def write_sizes(
+    curves: pd.DataFrame, out: Path, x: str, *, holdout: str | None = None, y: str = "val/mean_at_16"
+) -> list[str]:
+    """Write ``sizes.csv``, and where there are enough sizes the forecast of ``holdout`` (default: the
+    largest) with the backtest (``sizes.md``) and the plot (``sizes.png``); returns what to print."""
+    out.mkdir(parents=True, exist_ok=True)
+    table = scale_curves(curves)
+    table.to_csv(out / "sizes.csv", index=False)
+    data = size_data(
+        {k: (g["parameters"].iloc[0], g[x], g[y], g["seed"]) for k, g in table.dropna(subset=[x, y]).groupby("size")}
+    )
+    target = holdout or list(data)[-1]
+    lines = [f"across sizes: {len(data)} size(s) in {out / 'sizes.csv'}"]
+    if len(data) - (target in data) < MIN_SIZES + 1:
+        lines.append(
+            f"  no forecast: forecasting {target} needs {MIN_SIZES + 1} other sizes with fitted curves, this campaign"
+            f" has {len(data) - (target in data)}; run more sizes (`python -m scalefit sizes` reads sizes.csv)"
+        )
+        return lines
+    try:
+        fits = {k: fit_size(k, d) for k, d in data.items() if k != target}
+        fc = forecast_size(data, target, fits=fits)
+    except FitError as e:
+        return [*lines, f"  no forecast: {e}"]
+    report = forecast_lines(fc)
+    fitted = {k: d for k, d in data.items() if k != target}
+    if len(fitted) > MIN_SIZES + 1:
+        report += backtest_sizes(fitted, fits=fits).lines()
+    (out / "sizes.md").write_text("```\n" + "\n".join(report) + "\n```\n")
+    plot_sizes(data, fc, out / "sizes.png")
+    return [*lines, *report, f"  written: {out / 'sizes.md'}, {out / 'sizes.png'}"]
