@@ -1,10 +1,12 @@
 """Across model size (issue 44): predict a larger model's curve from smaller ones.
 
-Per size, the sigmoid as today (``fit_sigmoid`` on its seeds pooled, ``bootstrap`` for each parameter's
-spread); then A, log C_mid and log B (and R0 where the size's base model was not evaluated) as functions
-of the parameter count N. Each parameter has candidate forms (constant, log-linear, and for A the
-saturating power law A_inf - k N^-alpha); the combination is chosen by how well it predicts a held-out
-size's whole curve (leave-one-size-out RMSE), not by how well it fits (both are reported).
+Per size, the sigmoid as today (``fit_sigmoid`` on its seeds pooled), each parameter's spread from
+leaving out a seed at a time; the sizes also fitted jointly with one B, kept where that predicts
+held-out sizes better. Then A, log C_mid and log B (and R0 where the size's base model was not
+evaluated) as functions of the parameter count N. Each parameter has candidate forms (constant,
+log-linear, and for A the saturating power law A_inf - k N^-alpha); the combination is chosen by
+how well it predicts a held-out size's whole curve (leave-one-size-out RMSE), not by how well it
+fits (both are reported).
 
 A forecast of a size that was not fitted draws the per-size parameters within their spread, refits the
 laws on every draw and adds each law's own misfit, measured on the held-out sizes (so the band is
@@ -74,7 +76,7 @@ class SizeData:
 
 @dataclass
 class SizeFit:
-    """One size's sigmoid: its parameters (A, log C_mid, log B, R0) and their spread across resamples."""
+    """One size's sigmoid: its parameters (A, log C_mid, log B, R0) and their spread (``refit``)."""
 
     name: str
     params: float
