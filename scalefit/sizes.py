@@ -447,7 +447,7 @@ def forecast_size(
     fc.A_interval = (float(np.quantile(draws["A"], q)), float(np.quantile(draws["A"], 1 - q)))
     _passing(fc, fits[-1], q)
     fc.predictable, fc.reasons = _verdict(fc, fits, tolerance)
-    if own is not None:
+    if own is not None and (own.compute > 0).any():  # its runs so far (rows at compute 0 alone give its R0)
         fc.actual = _against_actual(fc, own, a_grid, seed, (fits_given or {}).get(target))
     return fc
 

@@ -84,6 +84,9 @@ def test_a_size_without_runs_is_forecast_from_its_parameter_count_and_base_model
     fc = forecast_size(data, "e", params=N["e"], r0=r0_of(N["e"]), n_seeds=3)
     assert fc.actual is None and fc.A_interval[0] <= A_of(N["e"]) <= fc.A_interval[1]
     assert fc.curve[0] == pytest.approx(r0_of(N["e"]))
+    before = as_data(runs().query("size != 'e' or compute == 0"))  # e's base model evaluated, no RL yet
+    fc = forecast_size(before, "e")
+    assert fc.actual is None and fc.curve[0] == pytest.approx(before["e"].r0())
 
 
 def test_the_leave_one_size_out_backtest_states_its_coverage():
