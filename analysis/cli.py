@@ -10,10 +10,10 @@ from pathlib import Path
 def cmd_fit(args: argparse.Namespace) -> int:
     from analysis.loo import read_curves, write_fit, write_report
     from analysis.summary import summary
-    from runners.ops.campaign import expand, fit_settings, load_campaign
+    from runners.ops.campaign import expand, load_campaign
     from runners.ops.store import default_tracking_uri
 
-    camp = load_campaign(args.campaign)
+    camp = load_campaign(args.campaign)  # its fit: section parsed once, here (camp.fit, a FitSettings)
     out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
     ui = None
     if args.curves:
@@ -22,7 +22,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         uri = args.tracking_uri or default_tracking_uri()
         table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
         ui = ui_address(camp.name, uri)
-    print(summary(table, out, margin=fit_settings(camp.fit).margin, title=camp.name, ui=ui), end="")
+    print(summary(table, out, margin=camp.fit.margin, title=camp.name, ui=ui), end="")
     if camp.kind == "scale":  # across sizes: the largest forecast from the others (analysis.sizes)
         import pandas as pd
 
@@ -56,11 +56,11 @@ def ui_address(campaign: str, uri: str) -> tuple[str, str]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from analysis.loo import bad_points, load_curves, read_curves
     from analysis.planner import plan
-    from runners.ops.campaign import expand, fit_settings, load_campaign
+    from runners.ops.campaign import expand, load_campaign
     from runners.ops.store import default_tracking_uri
 
     camp = load_campaign(args.campaign)
-    cfg = fit_settings(camp.fit)
+    cfg = camp.fit
     if args.margin is not None and not 0 < args.margin < 1:
         raise ValueError(f"--margin {args.margin}: expected a difference in pass rate in (0, 1), e.g. 0.02")
     if args.curves:

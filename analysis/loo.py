@@ -1,4 +1,8 @@
-"""From a campaign in MLflow to the paper's LOO table: curves, fits, verdicts, plots."""
+"""From a campaign in MLflow to the paper's LOO table: curves, fits, verdicts, plots.
+
+The campaign's fit settings arrive parsed (a ``FitSettings``, parsed once where the campaign loads)
+and go down whole: every function here reads the one object it is given.
+"""
 
 from __future__ import annotations
 
@@ -15,18 +19,15 @@ from analysis import evidence
 from analysis.planner import plan as seed_plan
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.ops import store
-from runners.ops.campaign import fit_settings
-from scalefit import FitError, Forecast, compare_fits, fit_and_forecast, seed_spread
+from scalefit import FitError, compare_fits, seed_spread
 from scalefit.models import make_model
 from scalefit.plot import plot_fits
-from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.pooled_forecast import forecast_variants
+from scalefit.prediction import CampaignForecast, Forecast, against_margin, call_difference
 from scalefit.settings import FitSettings
-from scalefit.uncertainty import central_percentiles
 from scalefit.unstable import Flag, arm_counts, flag_runs
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
-FitSpec = FitSettings | dict[str, Any] | None  # a campaign's fit settings, or its fit: section as written
 WALL_CLOCK = "compute/gpu_hours"
 
 
@@ -93,10 +94,10 @@ def _one_run_per_seed(curves: pd.DataFrame, source: str, run_col: str = "run") -
         )
 
 
-def read_curves(path: Path, fit: FitSpec = None) -> pd.DataFrame:
+def read_curves(path: Path, settings: FitSettings) -> pd.DataFrame:
     """A published ``curves.csv`` (what ``load_curves`` returned, saved), checked for the columns the
-    campaign's ``fit`` needs; empty text cells read back as "" as they were written, not NaN."""
-    x = fit_settings(fit).x
+    campaign's fit ``settings`` need; empty text cells read back as "" as they were written, not NaN."""
+    x = settings.x
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     try:
@@ -133,35 +134,14 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
     return np.ceil(steps / k) * rollouts
 
 
-def _fit_config(fit: FitSettings | dict[str, Any] | None, warn: bool = True) -> tuple[FitSettings, Any]:
-    """The campaign's fit settings (parsed once: a campaign's are already) and its A grid."""
-    cfg = fit_settings(fit)
-    a_grid = cfg.a_values
-    if warn and cfg.x == WALL_CLOCK:
+def warn_wall_clock(settings: FitSettings) -> None:
+    """Warn when the campaign fits wall-clock time: on a loaded machine it measures the load too."""
+    if settings.x == WALL_CLOCK:
         warnings.warn(
             f"fit.x = {WALL_CLOCK} is wall-clock time: on a shared or loaded machine it measures the load as well "
             "as the recipe (identical learning curves can fit different B); compute/samples or compute/tokens do not",
             stacklevel=3,
         )
-    return cfg, a_grid
-
-
-def _forecast_variant(g: pd.DataFrame, cfg: FitSettings, a_grid, n_boot: int, fit_upto=None, target=None):
-    """Fit one variant, seeds pooled (each seed its own correlated series), and forecast it."""
-    return fit_and_forecast(
-        g[cfg.x],
-        g[MEAN_AT_16],
-        runs=g["seed"],
-        fit_upto=fit_upto,
-        exclude_below=cfg.exclude_below,
-        a_grid=a_grid,
-        target=target,
-        level=cfg.level,
-        eval_prompts=cfg.eval_prompts,
-        margin=cfg.margin,
-        n_resamples=n_boot,
-        model=cfg.model,
-    )
 
 
 HALF_RESAMPLES = 400  # the fit on half of each variant's compute: its calls and the extrapolation check
@@ -181,72 +161,47 @@ def fit_share(g: pd.DataFrame, x: str, frac: float = 0.5, exclude_below: float |
 
 
 @dataclass
-class Model:
-    """A campaign's fits and forecasts at one fraction of each variant's budget, as its ``fit.pooling``
-    says: jointly (``partial``) or one variant at a time (``none``)."""
+class Model(CampaignForecast):
+    """A campaign's fits and forecasts at one fraction of each variant's budget (``CampaignForecast``,
+    jointly or one variant at a time as ``fit.pooling`` says), with each variant's budget."""
 
-    fits: dict[str, Any]
-    forecasts: dict[str, Forecast]
-    failed: dict[str, str]  # variant -> why it has no fit
-    description: str
-    budgets: dict[str, float]  # each variant's last compute
+    budgets: dict[str, float] = field(default_factory=dict)  # each variant's last compute
     fit_upto: dict[str, float] = field(default_factory=dict)  # fitted on compute up to this (fraction < 1);
     # a variant missing here (fraction < 1) has no share of its compute that holds a fit and a point after it
 
 
-def campaign_model(curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000, fraction: float = 1.0) -> Model:
+def campaign_model(curves: pd.DataFrame, settings: FitSettings, n_boot: int = 1000, fraction: float = 1.0) -> Model:
     """Fit every variant on the first ``fraction`` of its compute (1: all of it) and forecast it
     (to its budget when ``fraction`` < 1, else to 2x it). Spliced variants are never fitted."""
-    cfg, a_grid = _fit_config(fit, warn=False)
-    x, y = cfg.x, MEAN_AT_16
+    x = settings.x
     curves = steady_points(bad_points(curves, x)[0])[0]
     groups = dict(tuple(curves.groupby("variant", sort=False)))
     budgets = {v: float(g[x].max()) for v, g in groups.items()}
     failed = {v: f"no fit: {why}" for v, g in groups.items() if (why := _spliced(g, x))}
     upto: dict[str, float] | None = None
     if fraction < 1:  # the first `fraction`, or the smallest share that holds a fit (fit_share)
-        shares = {v: fit_share(g, x, fraction, cfg.exclude_below) for v, g in groups.items()}
+        shares = {v: fit_share(g, x, fraction, settings.exclude_below) for v, g in groups.items()}
         upto = {v: share * budgets[v] for v, share in shares.items() if share is not None}
         for v in set(groups) - set(upto) - set(failed):
             failed[v] = (
                 f"no check: {int((groups[v][x] > 0).sum())} evaluation(s) with {x} > 0; a fit needs "
                 f"{MIN_FIT_POINTS}, and a later one to predict"
             )
+    data = {
+        v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy(), g["seed"].to_numpy())
+        for v, g in groups.items()
+        if v not in failed
+    }
     target = budgets if fraction < 1 else None
-    if cfg.pooling == "none":
-        fits, fcs = {}, {}
-        for v, g in groups.items():
-            if v in failed:
-                continue
-            try:
-                fits[v], fcs[v] = _forecast_variant(
-                    g, cfg, a_grid, n_boot, fit_upto=upto and upto[v], target=target and target[v]
-                )
-            except FitError as e:
-                failed[v] = f"no fit: {e}"
-        how = "pooling none: each variant fitted on its own" + _model_note(cfg.model)
-        return Model(fits, fcs, failed, how, budgets, upto or {})
-    data = {v: (g[x].to_numpy(), g[y].to_numpy(), g["seed"].to_numpy()) for v, g in groups.items() if v not in failed}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfit = fit_campaign(data, exclude_below=cfg.exclude_below, fit_upto=upto, a_grid=a_grid)
-    failed.update({v: f"no fit: {why}" for v, why in cfit.failed.items()})
-    fcs = forecast_campaign(
-        cfit,
-        level=cfg.level,
-        target=target,
-        margin=cfg.margin,
-        eval_prompts=cfg.eval_prompts,
-        n_resamples=n_boot,
-        windows=tuple(sorted({1, cfg.last_k})),
-    )
-    order = [v for v in groups if v in cfit.fits]
-    fits = {v: cfit.fits[v] for v in order}
-    return Model(fits, {v: fcs[v] for v in order}, failed, cfit.describe(), budgets, upto or {})
+    res = forecast_variants(data, settings, fit_upto=upto, target=target, n_resamples=n_boot)
+    failed.update({v: f"no fit: {why}" for v, why in res.failed.items()})
+    order = [v for v in groups if v in res.fits]
+    fits, fcs = {v: res.fits[v] for v in order}, {v: res.forecasts[v] for v in order}
+    return Model(fits, fcs, failed, res.description, budgets, upto or {})
 
 
 def fit_table(
-    curves: pd.DataFrame, fit: FitSpec = None, n_boot: int = 1000, half: Model | None = None
+    curves: pd.DataFrame, settings: FitSettings, n_boot: int = 1000, half: Model | None = None
 ) -> tuple[pd.DataFrame, dict]:
     """Fit the campaign (jointly unless ``fit.pooling: none``), forecast each variant, and compare it
     with the baseline by the paper's rule; call each variant against the baseline at the budget from
@@ -257,12 +212,12 @@ def fit_table(
     is not yet predictable, whose fit sits on a grid edge or that is not a sigmoid gets "cannot
     decide", never a winner.
     """
-    cfg, a_grid = _fit_config(fit)
-    x, y = cfg.x, MEAN_AT_16
+    warn_wall_clock(settings)
+    x, y = settings.x, MEAN_AT_16
     curves, dropped = bad_points(curves, x)  # each named in its variant's note; the other points are fitted
     if curves.empty:
         raise ValueError(f"no evaluation to fit: every point is bad ({dropped['why'].iloc[0]}, ...)")
-    model = campaign_model(curves, fit, n_boot)
+    model = campaign_model(curves, settings, n_boot)
     fits, fcs = model.fits, model.forecasts
     flags = steady_points(curves)[1]
     counts = arm_counts(curves, flags)
@@ -274,7 +229,7 @@ def fit_table(
             "seeds": g["seed"].nunique(),
             "points": len(g),
             "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
-            f"final_last{cfg.last_k}_mean_at_16": g.sort_values(x).groupby("seed").tail(cfg.last_k)[y].mean(),
+            f"final_last{settings.last_k}_mean_at_16": g.sort_values(x).groupby("seed").tail(settings.last_k)[y].mean(),
             "unfinished": _unfinished(g),
             "fit_model": model.description,
         }
@@ -306,7 +261,7 @@ def fit_table(
         if g["seed"].nunique() > 1 and f.name == "sigmoid":  # the paper's run-to-run spread of A
             try:
                 per_seed = {s: (gs[x], gs[y]) for s, gs in g.groupby("seed")}
-                spread = seed_spread(per_seed, exclude_below=cfg.exclude_below, a_grid=a_grid).to_dict()
+                spread = seed_spread(per_seed, exclude_below=settings.exclude_below, a_grid=settings.a_values).to_dict()
                 row["A_seed_half_range"] = spread["A_half_range"]
             except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
                 row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
@@ -322,7 +277,7 @@ def fit_table(
             c = compare_fits(
                 fits["baseline"],
                 fits[v],
-                margin=cfg.margin,
+                margin=settings.margin,
                 names=("baseline", v),
                 forecasts=(fcs["baseline"], fcs[v]),
             )
@@ -331,22 +286,17 @@ def fit_table(
         table["verdict"] = verdicts
         table["B_at_shared_A"] = b_shared
     if half is None:  # never more resamples than the fit to all of it
-        half = campaign_model(curves, fit, min(n_boot, HALF_RESAMPLES), fraction=0.5)
-    table = table.merge(_calls(model, half, cfg.margin), on="variant", how="left")
-    measured = measured_at_budget(curves, x, cfg.margin, last_k=cfg.last_k)
+        half = campaign_model(curves, settings, min(n_boot, HALF_RESAMPLES), fraction=0.5)
+    table = table.merge(_calls(model, half, settings.margin), on="variant", how="left")
+    measured = measured_at_budget(curves, x, settings.margin, last_k=settings.last_k)
     if len(measured):
         table = table.merge(measured, on="variant", how="left")
-        half_m = measured_at_budget(curves, x, cfg.margin, fraction=0.5, last_k=cfg.last_k)
+        half_m = measured_at_budget(curves, x, settings.margin, fraction=0.5, last_k=settings.last_k)
         half_m = half_m.rename(columns=lambda c: c if c == "variant" else f"half_{c}")  # where efficiency shows
         table = table.merge(half_m, on="variant", how="left")
-    table = table.merge(_resolvable(curves, x, cfg), on="variant", how="left")
+    table = table.merge(_resolvable(curves, x, settings), on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
     return table, {"fits": fits, "forecasts": fcs, "model": model, "half": half}
-
-
-def _model_note(model: str) -> str:
-    """How a fit model other than the sigmoid is named in the table's ``fit_model``."""
-    return "" if model == "sigmoid" else f"; fit model {model.replace('_', ' ')}"
 
 
 def _pooled_label(f: Any) -> str:
@@ -381,7 +331,7 @@ def _calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
     )
 
 
-def _resolvable(curves: pd.DataFrame, x: str, cfg: dict[str, Any]) -> pd.DataFrame:
+def _resolvable(curves: pd.DataFrame, x: str, cfg: FitSettings) -> pd.DataFrame:
     """The smallest difference each comparison resolves at the budget (80% power; ``analysis.planner``)."""
     rows = seed_plan(curves, x, cfg.margin, cfg.last_k).rows
     out = pd.DataFrame(rows, columns=["variant", "resolvable", "resolvable_last_k"] if not rows else None)
@@ -433,16 +383,8 @@ def measured_at_budget(
             delta = float(c.mean() - b.mean())
             half = t * sd * np.sqrt(1 / len(b) + 1 / len(c)) if df else np.nan
             lo, hi = delta - half, delta + half
-            if not df:
-                label = "one seed each: no interval"
-            elif hi < -margin:
-                label = "worse"
-            elif lo > margin:
-                label = "better"
-            elif -margin <= lo and hi <= margin:
-                label = f"within the margin ±{margin:g}"
-            else:
-                label = "not resolved"
+            side = against_margin(lo, hi, margin) if df else "one seed each: no interval"
+            label = {"within": f"within the margin ±{margin:g}", None: "not resolved"}.get(side, side)
             text = f"{label}: Δ {delta:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if df else "")
             row = cols.setdefault(v, {"variant": v, "budget": where})
             row.update({f"{prefix}_delta": delta, f"{prefix}_lo": lo, f"{prefix}_hi": hi, f"{prefix}_label": label})
@@ -577,20 +519,11 @@ def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
         return text
     if c.winner == "tie" and c.rule == "B":
         return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
-    if c.rule == "B" and hasattr(base, "target_draws") and hasattr(cand, "target_draws") and not cand.no_band:
-        # the joint model: resample i of both fits comes from one simulated campaign, so ΔB is paired
-        d = cand.samples[:, 1] - base.samples[:, 1]
-        d_lo, d_hi = np.percentile(d[np.isfinite(d)], central_percentiles(base.level))
-        if d_lo <= 0.0 <= d_hi:
-            return (
-                f"no measurable difference: same A within margin; refitted at shared A = {c.shared_A:.3f}, "
-                f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}; ΔB's {level} interval [{d_lo:+.3f}, {d_hi:+.3f}] holds 0"
-            )
-    lo, hi = base.interval("B")
-    if c.rule == "B" and not hasattr(base, "target_draws") and lo <= c.B_candidate <= hi:
+    tie = base.b_tie(cand, c.B_candidate) if c.rule == "B" else None
+    if tie is not None:  # the baseline's model says how its uncertainty cannot tell the two B's apart
         return (
             f"no measurable difference: same A within margin; refitted at shared A = {c.shared_A:.3f}, "
-            f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}, inside the baseline's {level} interval [{lo:.2f}, {hi:.2f}]"
+            f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}{tie}"
         )
     if c.rule == "A":
         better = c.A_candidate > c.A_baseline
@@ -685,7 +618,7 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 def extrapolation_check(
     curves: pd.DataFrame,
-    fit: FitSpec = None,
+    settings: FitSettings,
     frac: float = 0.5,
     n_boot: int = HALF_RESAMPLES,
     model: Model | None = None,
@@ -702,10 +635,9 @@ def extrapolation_check(
     the forecast's verdict and expected error. A variant that is not a sigmoid has no band. This
     is the paper's claim put to the test: a curve fitted early predicts late.
     """
-    cfg, _ = _fit_config(fit)
-    x, y, k = cfg.x, MEAN_AT_16, cfg.last_k
+    x, y, k = settings.x, MEAN_AT_16, settings.last_k
     curves = bad_points(curves, x)[0]
-    model = model or campaign_model(curves, fit, n_boot, fraction=frac)
+    model = model or campaign_model(curves, settings, n_boot, fraction=frac)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
         by_seed = g.sort_values(x).groupby("seed")
@@ -732,16 +664,13 @@ def extrapolation_check(
         row.update(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - observed)
         row[f"predicted_last{k}"] = pred_k
         row[f"error_last{k}"] = pred_k - row[f"observed_last{k}"]
-        if hasattr(fc, "target_band"):  # the joint model: bands for a k-seed mean of one or the last k evaluations
-            lo, hi = fc.target_band([x_end], seeds)
-            sd = np.nan if fc.no_band else fc.expected_error_at([x_end], seeds)
-            lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
-            if window in fc.noise_var:
-                lo_k, hi_k = fc.target_band(x_tail, seeds, window=window)
-                sd_k = np.nan if fc.no_band else fc.expected_error_at(x_tail, seeds, window)
-        else:
-            lo, hi = (float(b[0]) for b in fc.prediction_band([x_end], n_runs=seeds))
-            lo_k, hi_k, sd, sd_k = np.nan, np.nan, np.nan, np.nan
+        # a k-seed mean of one evaluation, and of the last k where the model has a noise estimate for them
+        lo, hi = fc.target_band([x_end], seeds)
+        sd = fc.expected_error_at([x_end], seeds)
+        lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
+        if window in fc.mean_windows:
+            lo_k, hi_k = fc.target_band(x_tail, seeds, window=window)
+            sd_k = fc.expected_error_at(x_tail, seeds, window)
         row.update(band_lo=lo, band_hi=hi, in_band=bool(lo <= observed <= hi), z=(pred - observed) / sd)
         row.update(
             {
@@ -753,7 +682,7 @@ def extrapolation_check(
             }
         )
         row.update(
-            level=cfg.level,
+            level=settings.level,
             verdict=fc.verdict.label,
             reasons="; ".join(fc.verdict.reasons),
             expected_error=fc.expected_error,
@@ -832,24 +761,23 @@ def _copy_logged_report(client: MlflowClient, run_id: str, folder: Path) -> None
         Path(got).rename(folder)
 
 
-def write_fit(curves: pd.DataFrame, out: Path, fit: FitSpec = None, title: str = "") -> pd.DataFrame:
+def write_fit(curves: pd.DataFrame, out: Path, settings: FitSettings, title: str = "") -> pd.DataFrame:
     """From curves (as ``load_curves`` or a published ``curves.csv`` holds them): the LOO table
     (CSV + Markdown), the plot with both bands, and the extrapolation check, under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
-    half = campaign_model(curves, fit, HALF_RESAMPLES, fraction=0.5)
-    table, extra = fit_table(curves, fit, half=half)
+    half = campaign_model(curves, settings, HALF_RESAMPLES, fraction=0.5)
+    table, extra = fit_table(curves, settings, half=half)
     table.to_csv(out / "loo_table.csv", index=False)
     (out / "loo_table.md").write_text(to_markdown(table))
-    plot_campaign(curves, extra, out / "loo_curves.png", fit, title)
-    extrapolation_check(curves, fit, model=half).to_csv(out / "extrapolation.csv", index=False)
+    plot_campaign(curves, extra, out / "loo_curves.png", settings, title)
+    extrapolation_check(curves, settings, model=half).to_csv(out / "extrapolation.csv", index=False)
     return table
 
 
-def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = None, title: str = "") -> Path | None:
+def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, settings: FitSettings, title: str = "") -> Path | None:
     """The LOO plot: every variant's points, and its fit with both bands where it has one (``extra``
     as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
-    cfg = _fit_config(fit)[0]
-    x = cfg.x
+    x = settings.x
     curves = bad_points(curves, x)[0]
     unfitted = {
         v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
@@ -862,7 +790,7 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, fit: FitSpec = 
         path,
         forecasts=extra["forecasts"],
         xlabel=x,
-        title=f"{title}: mean@16 vs compute, {cfg.model.replace('_', ' ')} fits" if title else None,
+        title=f"{title}: mean@16 vs compute, {settings.model.replace('_', ' ')} fits" if title else None,
         unfitted=unfitted,
         flagged=(left_out[x].to_numpy(float), left_out[MEAN_AT_16].to_numpy(float)),
     )
@@ -882,7 +810,7 @@ def tag_unstable(curves: pd.DataFrame, client: MlflowClient) -> None:
 def write_report(
     campaign: str,
     out: Path,
-    fit: FitSpec = None,
+    settings: FitSettings,
     tracking_uri: str | None = None,
     parent_run_id: str | None = None,
     log=print,
@@ -893,7 +821,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
     curves = load_curves(campaign, tracking_uri, current, log=log)
     curves.to_csv(out / "curves.csv", index=False)
-    table = write_fit(curves, out, fit, title=campaign)
+    table = write_fit(curves, out, settings, title=campaign)
     client = store.read_client(tracking_uri)
     tag_unstable(curves, client)
     write_missing_reports(curves, client, out, log=log)

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.forecast import Forecast
 from scalefit.model import CurveFit
+from scalefit.prediction import Forecast
 from scalefit.uncertainty import interval_holding
 
 
@@ -49,10 +49,10 @@ class Comparison:
 def _unfit_reasons(name: str, f: CurveFit, fc: Forecast | None) -> list[str]:
     said = f.not_identified
     out = [f"{name}'s {reason}" for reason in said]
-    # a joint-model verdict whose only doubt is the spread of a few seeds' mean (band_only) leaves the
-    # comparison to the paired interval of ΔA below; any other doubt about the fit stops it
+    # a verdict whose only doubt is the spread of a few seeds' mean, in a model whose draws are paired
+    # (band_only), leaves the comparison to the paired interval of ΔA below; any other doubt stops it
     doubt = fc is not None and fc.verdict is not None and not fc.verdict.predictable
-    if doubt and not getattr(fc.verdict, "band_only", False):
+    if doubt and not fc.verdict.band_only:
         rest = [r for r in fc.verdict.reasons if r not in said]  # the forecast repeats what is said above
         if rest or not out:
             out.append(f"{name} is not yet predictable" + (f" ({'; '.join(rest)})" if rest else ""))

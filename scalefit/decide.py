@@ -8,7 +8,7 @@ backtest error (a joint model's forecast: the expected error of its k-seed predi
 margin and the probability stays below the risk level even with each prediction moved towards the
 other by that error (z(risk) times it): a gap far larger
 than the error of the forecasts decides what the margin alone cannot. A forecast with no band (a
-joint model's curve that is not a sigmoid: ``PooledForecast.no_band``) never stops anything: its
+joint model's curve that is not a sigmoid: ``Forecast.no_band``) never stops anything: its
 draws are undefined, and the reason says why. Anything less certain keeps running, with the reason
 stated. Numbers only: which runs to stop and how is the caller's business.
 """
@@ -22,7 +22,7 @@ import numpy as np
 from scipy.special import ndtri  # the normal quantile (scipy.stats.norm.ppf), without scipy.stats
 
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.forecast import Forecast
+from scalefit.prediction import Forecast
 from scalefit.uncertainty import central_percentiles
 
 
@@ -43,10 +43,9 @@ class StopDecision:
 
 
 def error_name(*forecasts: Forecast) -> str:
-    """What the error a prediction is moved by is: a single fit's backtest error, or the joint model's
-    expected error of its k-seed prediction (its verdict's only flaw is that band: ``band_only``)."""
-    joint = any(hasattr(fc.verdict, "band_only") for fc in forecasts)
-    return "expected error" if joint else "backtest error"
+    """What the error a prediction is moved by is, in the forecasts' own words (``Forecast.error_name``):
+    a single fit's backtest error, or the joint model's expected error of its k-seed prediction."""
+    return " / ".join(sorted({fc.error_name for fc in forecasts}))
 
 
 def decide_stop(
@@ -65,7 +64,7 @@ def decide_stop(
     no_band = [
         f"the {who}'s curve gets no band ({'; '.join(fc.no_band)})"
         for who, fc in (("variant", variant), ("baseline", baseline))
-        if getattr(fc, "no_band", None)
+        if fc.no_band
     ]
     if no_band:  # not a sigmoid: its draws are undefined, and no probability can rule the variant out
         return StopDecision(

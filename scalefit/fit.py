@@ -114,10 +114,11 @@ class SigmoidFit(CurveFit):
             out.append(f"B = {self.B:.3g} is on a bound of its range: {_bound_shape(self.B)}, not a sigmoid")
         return out
 
-    def knee_share(self) -> float:
-        """Share of the fitted gain A - R0 reached at the last fitted point (0 without a gain)."""
+    def knee_share(self, at: float | None = None) -> float:
+        """Share of the fitted gain A - R0 reached at ``at`` (default the last fitted point; 0 without a gain)."""
         gain = self.A - self.R0
-        return float((self.predict(float(self.compute.max())) - self.R0) / gain) if gain > 0 else 0.0
+        at = float(self.compute.max()) if at is None else at
+        return float((self.predict(at) - self.R0) / gain) if gain > 0 else 0.0
 
     def identified(self) -> list[str]:
         """The knee test (``KNEE_SHARE`` of the gain reached at the last fitted point: the data reach
@@ -248,10 +249,12 @@ def check_curve(compute, value) -> tuple[np.ndarray, np.ndarray]:
     return c, v
 
 
-def _chunks(n: int, per_item: int):
-    """Slices of ``range(n)`` so that ``len(slice) * per_item <= CHUNK_FLOATS`` (at least one item)."""
-    step = max(1, CHUNK_FLOATS // max(per_item, 1))
-    return (slice(i, min(i + step, n)) for i in range(0, n, step))
+def chunks(n: int, per_item: int, budget: int | None = None) -> list[slice]:
+    """Slices of ``range(n)`` so that ``len(slice) * per_item <= budget`` floats (default
+    ``CHUNK_FLOATS``; at least one item a slice): every chunked loop of the package (the grid, the
+    batched refits, the bootstrap's resamples) bounds its memory with these."""
+    step = max(1, (CHUNK_FLOATS if budget is None else budget) // max(per_item, 1))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def fit_b_grid(
@@ -273,7 +276,7 @@ def fit_b_grid(
     log_cmid = np.log(cmid_grid)
     s2 = np.zeros((nc, len(B_SCAN)))
     s1 = np.zeros((nc, len(B_SCAN)))
-    for part in _chunks(n, nc * len(B_SCAN)):
+    for part in chunks(n, nc * len(B_SCAN)):
         lr = log_cmid[:, None] - log_c[None, part]  # (nc, m)
         s = expit(-B_SCAN[None, :, None] * lr[:, None, :])  # (nc, nB, m)
         s2 += np.einsum("cbn,cbn->cb", s, s)
@@ -287,7 +290,7 @@ def fit_b_grid(
     k = min(REFINE_MIN_CELLS, len(sse) - 1)
     cutoff = max(sse.min() * (1.0 + REFINE_SLACK), np.partition(sse, k)[k])
     cells = np.flatnonzero(sse <= cutoff)
-    for part in _chunks(len(cells), 4 * n):
+    for part in chunks(len(cells), 4 * n):
         sub = cells[part]
         dd, lc = d[sub // nc, None], log_cmid[sub % nc, None]
 
@@ -328,7 +331,8 @@ def polish(
     return float(out[0]), float(out[1]), float(np.exp(out[2])), float(sse[0])
 
 
-def _edge_warnings(a_grid, cmid_grid, ia: int, ic: int) -> list[str]:
+def edge_warnings(a_grid, cmid_grid, ia: int, ic: int) -> list[str]:
+    """The fit's warnings when its grid cell (``ia``, ``ic``) lies on an edge of the A or C_mid grid."""
     out = []
     if len(a_grid) > 1 and ia in (0, len(a_grid) - 1):
         way = "down" if ia == 0 else "up"
@@ -387,7 +391,7 @@ class SigmoidModel(CurveModel):
         c_all, v_all = check_curve(compute, values)
         if len(c_all) == 0:
             raise FitError("no points to fit")
-        runs_all = np.zeros(len(c_all), dtype=int) if runs is None else _run_labels(runs, len(c_all))
+        runs_all = np.zeros(len(c_all), dtype=int) if runs is None else run_labels(runs, len(c_all))
         if r0 is None:
             r0 = float(np.mean(v_all[c_all == c_all.min()]))
         elif not 0.0 <= r0 <= 1.0:
@@ -441,7 +445,7 @@ class SigmoidModel(CurveModel):
             if p_sse <= sse:
                 A, B, C_mid, sse = pA, pB, pC, p_sse
 
-        notes = _edge_warnings(a_grid, cmid_grid, ia, ic)
+        notes = edge_warnings(a_grid, cmid_grid, ia, ic)
         if b_on_bound(B):
             notes.append(
                 f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is {_bound_shape(B)}, not a"
@@ -497,8 +501,8 @@ def fit_sigmoid(
     return model.fit(compute, value, runs=runs).result_
 
 
-def _run_labels(runs, n: int) -> np.ndarray:
-    """Integer codes for the run label of each point."""
+def run_labels(runs, n: int) -> np.ndarray:
+    """Integer codes for the run label of each point (every model's ``fit`` reads ``runs`` with it)."""
     labels = np.asarray(runs).ravel()
     if len(labels) != n:
         raise FitError(f"runs has {len(labels)} labels but there are {n} points")

@@ -32,52 +32,49 @@ chunks of compute values. docs/scalefit.md states the rule and what it costs.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
 from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.fit import KNEE_SHARE, MIN_POINTS
-from scalefit.model import CurveFit, CurveModel
+from scalefit.fit import KNEE_SHARE, MIN_POINTS, chunks
+from scalefit.model import CurveFit
 from scalefit.models import make_model
+from scalefit.prediction import (
+    DEFAULT_RATIO,
+    MIN_BACKTESTS,
+    PREDICTION_DRAWS,
+    STRUCTURE_Z,
+    Backtest,
+    Forecast,
+    NoiseModel,
+    Verdict,
+    backtest_target,
+    calibration,
+    error_trend,
+    score_backtest,
+)
+from scalefit.settings import FitSettings
 from scalefit.uncertainty import central_percentiles
 
-DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
 PHI_MAX = 0.95
-__all__ = ["KNEE_SHARE", "Forecast", "Verdict", "fit_and_forecast", "forecast"]
-CALIBRATION_PRIOR = 2.0  # weight of "the model's own band is right" against the backtests
-MAX_BACKTESTS = 6
-BACKTEST_RESAMPLES = 150
-STRUCTURE_Z = 3.0
+__all__ = [
+    "KNEE_SHARE",
+    "Backtest",
+    "Forecast",
+    "NoiseModel",
+    "SingleForecast",
+    "Verdict",
+    "fit_and_forecast",
+    "forecast",
+]
 DEBIAS_ROUNDS = 3
-PREDICTION_DRAWS = 4000
 FORECAST_POINTS = 2000  # the most fitted evaluations the bootstrap and backtests refit; beyond, runs are thinned
 MIN_RUN_POINTS = 8  # a thinned run keeps at least this many (many short runs: the bound is per run, not total)
 BOOT_CHUNK_FLOATS = 2_500_000  # resamples x points per refitted chunk (20 MB per array, ~350 MB at peak)
-BAND_CHUNK_FLOATS = 2_000_000  # draws x compute values per chunk of a band
 MAX_RESAMPLES = 100_000
-
-
-@dataclass
-class NoiseModel:
-    """Deviation of each run from the mean curve: AR(1) over successive evaluations."""
-
-    sigma: float  # marginal standard deviation of one evaluation around the mean curve
-    phi: float  # lag-1 correlation between successive evaluations of one run
-    dof: int  # residual degrees of freedom behind sigma
-    sigma_eval: float | None  # the evaluation's own sampling sd, when its size is known
-    n_runs: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sigma": self.sigma,
-            "phi": self.phi,
-            "dof": self.dof,
-            "sigma_eval": self.sigma_eval,
-            "n_runs": self.n_runs,
-        }
 
 
 def eval_sd(p, eval_prompts: int | None, eval_samples: int = 16) -> np.ndarray | None:
@@ -89,7 +86,7 @@ def eval_sd(p, eval_prompts: int | None, eval_samples: int = 16) -> np.ndarray |
     return np.sqrt(p * (1.0 - p) / (eval_prompts * eval_samples))
 
 
-def _series(fit: CurveFit) -> list[np.ndarray]:
+def run_series(fit: CurveFit) -> list[np.ndarray]:
     """Indices into the fit's inputs of each run's evaluations in compute order, zero compute included."""
     c_all, _ = fit.inputs
     idx = np.flatnonzero(fit.series_mask())
@@ -126,7 +123,7 @@ def thin_runs(fit: CurveFit, max_points: int | None = None) -> CurveFit:
     if int(fit.used.sum()) <= max_points:
         return fit
     c_all, v_all = fit.inputs
-    series = _series(fit)
+    series = run_series(fit)
     per_run = max(MIN_RUN_POINTS, max_points // max(len(series), 1))
     keep = []
     for idx in series:
@@ -168,7 +165,7 @@ def noise_model(fit: CurveFit, eval_prompts: int | None = None, eval_samples: in
     (``forecast`` then removes the bias that fitting puts into it)."""
     c_all, v_all = fit.inputs
     resid = v_all - fit.predict(c_all)
-    series = _series(fit)
+    series = run_series(fit)
     var, phi = _residual_stats(resid[None, :], series, fit.n_free)
     n = sum(len(i) for i in series)
     sd_eval = eval_sd(fit.predict(fit.compute), eval_prompts, eval_samples)
@@ -186,124 +183,17 @@ def _effective_dof(noise: NoiseModel) -> float:
 
 
 @dataclass
-class Backtest:
-    """One rolling-origin backtest: fitted up to ``origin``, scored on the later fitted points."""
+class SingleForecast(Forecast):
+    """One curve's forecast from its own fit (any curve model): the correlated bootstrap's bands,
+    its own rolling-origin backtests, and its verdict (``Forecast``)."""
 
-    origin: float
-    target: float  # the farthest scored point (ratio <= the question's)
-    predicted: float
-    observed: float
-    sd: float  # the prefix model's prediction sd at the target
-    ratio: float = DEFAULT_RATIO  # the question's extrapolation ratio
-    n_runs: int = 1  # the observation is the mean of this many runs' evaluations (its noise is sigma^2 / k)
-
-    @property
-    def error(self) -> float:
-        return self.predicted - self.observed
-
-    @property
-    def reach_factor(self) -> float:
-        """How much farther the question looks than this backtest could: extrapolation error grows
-        with the distance in log-compute, so a backtest that looked 1.5x ahead for a 2x question
-        counts log 2 / log 1.5 times its error (never less than once)."""
-        return max(float(np.log(self.ratio) / np.log(self.target / self.origin)), 1.0)
-
-    @property
-    def scaled_error(self) -> float:
-        """The error carried to the question's ratio."""
-        return self.error * self.reach_factor
-
-    @property
-    def z(self) -> float:
-        return self.error / self.sd if self.sd > 0 else np.inf
-
-
-@dataclass
-class Verdict:
-    predictable: bool
-    reasons: list[str]
-    more_compute: float | None = None  # factor on the fitted compute the backtests suggest, if known
-    error_only: bool = False  # identified (knee reached, no grid edge, no structure); only its backtest error > margin
-
-    @property
-    def label(self) -> str:
-        return "predictable" if self.predictable else "not yet predictable"
-
-    def text(self) -> str:
-        if self.predictable:
-            return "predictable"
-        out = "not yet predictable: " + "; ".join(self.reasons)
-        if self.more_compute is not None:
-            out += (
-                f"; about {self.more_compute:.1f}x the fitted compute is likely needed before a prediction "
-                "within the margin"
-            )
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "predictable": self.predictable,
-            "reasons": list(self.reasons),
-            "more_compute": self.more_compute,
-            "error_only": self.error_only,
-        }
-
-
-@dataclass
-class Forecast:
-    """A fit with its bands, backtests and verdict. Bands are ``(lo, hi)`` arrays at ``level``."""
-
-    fit: CurveFit
-    level: float
-    noise: NoiseModel
-    samples: np.ndarray  # (resamples, len(fit.sample_names)), e.g. A, B, C_mid, R0, from the correlated bootstrap
-    sigma_draws: np.ndarray  # (resamples,) noise level of each resample
-    ratio: float
-    margin: float
-    backtests: list[Backtest] = field(default_factory=list)
-    calibration: float = 1.0  # the prediction band's width factor from the backtests
-    verdict: Verdict | None = None
-    seed: int = 0
-    refitted_points: int | None = None  # fitted evaluations the bootstrap refitted (fewer when thinned)
-
-    def _curves(self, compute) -> tuple[np.ndarray, np.ndarray]:
-        c = np.atleast_1d(np.asarray(compute, float))
-        return c, self.fit.predict_batch(self.samples, c)
+    max_backtests: ClassVar[int] = 6  # a lone curve's prefixes are cheap to refit: the latest six origins
+    backtest_resamples: ClassVar[int] = 150
 
     def interval(self, param: str) -> tuple[float, float]:
+        """The resamples' central interval of ``param`` at ``level``."""
         lo, hi = np.percentile(self.samples[:, self.fit.sample_names.index(param)], central_percentiles(self.level))
         return float(lo), float(hi)
-
-    def point(self, compute) -> np.ndarray:
-        return self.fit.predict(np.atleast_1d(np.asarray(compute, float)))
-
-    def _by_columns(self, compute, draws: int, band) -> tuple[np.ndarray, np.ndarray]:
-        """``band(c)`` -> (lo, hi) over chunks of the compute values, at most ``BAND_CHUNK_FLOATS``
-        draws x values each (one chunk for the few values a band is usually asked at)."""
-        c = np.atleast_1d(np.asarray(compute, float))
-        step = max(1, BAND_CHUNK_FLOATS // max(draws, 1))
-        if len(c) <= step:
-            return band(c)
-        parts = [band(c[i : i + step]) for i in range(0, len(c), step)]
-        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-    def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
-        """Where the mean curve lies (parameter uncertainty only)."""
-        q = central_percentiles(self.level)
-
-        def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            lo, hi = np.percentile(self._curves(c)[1], q, axis=0)
-            return lo, hi
-
-        return self._by_columns(compute, len(self.samples), band)
-
-    def mean_draws(self, compute) -> np.ndarray:
-        """Draws of the mean curve at each compute (resamples x points), widened by the backtest
-        calibration as the prediction band is: what the recipe itself reaches, not one evaluation."""
-        c, curves = self._curves(compute)
-        point = self.point(c)[None, :]
-        return point + self.calibration * (curves - point)
 
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
         """Draws of a new evaluation at each compute (the mean of ``n_runs`` runs' evaluations),
@@ -319,17 +209,13 @@ class Forecast:
         point = self.point(c)[None, :]
         return point + self.calibration * (curves + dev - point)
 
-    def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Where a new evaluation at each compute lands (parameter uncertainty + evaluation noise +
-        run-to-run deviation), calibrated by the backtests; at ``level`` (default the forecast's)."""
-        q = central_percentiles(self.level if level is None else level)
-        draws = len(self.samples) * max(1, -(-PREDICTION_DRAWS // len(self.samples)))
-
-        def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            lo, hi = np.percentile(self.prediction_draws(c, n_runs), q, axis=0)
-            return lo, hi
-
-        return self._by_columns(compute, draws, band)
+    def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
+        """``prediction_draws`` at one compute: a lone fit's noise model is one evaluation's, so it
+        predicts no mean over several evaluations (``mean_windows`` is empty)."""
+        c = np.atleast_1d(np.asarray(computes, float))
+        if len(c) != 1 or (window or 1) != 1:
+            raise ValueError("a single fit's noise model is one evaluation's: no band for a mean over several")
+        return self.prediction_draws(c, n_runs)[:, 0]
 
     @property
     def expected_error(self) -> float | None:
@@ -343,60 +229,40 @@ class Forecast:
             np.sqrt(np.mean([max(b.error**2 - s2 / b.n_runs, 0.0) * b.reach_factor**2 for b in self.backtests]))
         )
 
-    def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
-        """Point prediction and both bands at each compute value (with the observation, if given)."""
-        c = np.atleast_1d(np.asarray(compute, float))
-        p = self.point(c)
-        clo, chi = self.confidence_band(c)
-        plo, phi = self.prediction_band(c, n_runs)
-        rows = []
-        for i in range(len(c)):
-            row = {
-                "compute": float(c[i]),
-                "predicted": float(p[i]),
-                "confidence_band": [float(clo[i]), float(chi[i])],
-                "prediction_band": [float(plo[i]), float(phi[i])],
-            }
-            if observed is not None:
-                o = float(np.atleast_1d(observed)[i])
-                row.update(observed=o, error=float(p[i] - o), in_prediction_band=bool(plo[i] <= o <= phi[i]))
-            rows.append(row)
-        return rows
+    def expected_error_at(self, computes, n_runs: int | None = None, window: int | None = None) -> float:
+        """NaN: the backtests score the mean curve at the question's ratio (``expected_error``), not a
+        k-run mean at any compute."""
+        return float("nan")
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "level": self.level,
-            "n_resamples": len(self.samples),
-            "refitted_points": self.refitted_points,
-            "noise": self.noise.to_dict(),
-            "ratio": self.ratio,
-            "calibration": self.calibration,
-            "expected_error": self.expected_error,
-            "backtests": [
-                {
-                    "origin": b.origin,
-                    "target": b.target,
-                    "predicted": b.predicted,
-                    "observed": b.observed,
-                    "error": b.error,
-                    "error_at_ratio": b.scaled_error,
-                }
-                for b in self.backtests
-            ],
-            "verdict": self.verdict.to_dict() if self.verdict else None,
-        }
-        for p in self.fit.param_names:
-            out[f"{p}_interval"] = list(self.interval(p))
-        f = self.fit
-        if len(f.heldout_compute):
-            out["heldout"] = self.at(f.heldout_compute, f.heldout_value)
-        return out
+    def doubts(self) -> list[str]:
+        """Too few backtests, then the model's own identification (knee, grid edges, bounds)."""
+        out = []
+        if len(self.backtests) < MIN_BACKTESTS:
+            out.append(
+                f"too few points to backtest a {self.ratio:.2g}x extrapolation ({len(self.backtests)} backtest(s) "
+                f"from {self.fit.n_points} fitted points; need {MIN_BACKTESTS}, each looking at least "
+                f"{np.sqrt(self.ratio):.2g}x ahead)"
+            )
+        return out + self.fit.identified()
 
+    def error_doubt(self) -> tuple[str | None, float | None]:
+        """The backtests' expected error above the margin, and where their trend reaches it."""
+        err = self.expected_error
+        if err is None or err <= self.margin:
+            return None, None
+        text = f"backtest error {err:.3f} at {self.ratio:.2g}x > margin {self.margin}"
+        return text, error_trend(self.backtests, self.margin, float(self.fit.compute.max()))
 
-def _chunks(n: int, per_item: int) -> list[slice]:
-    """Slices of ``range(n)`` of at most ``max(1, BOOT_CHUNK_FLOATS // per_item)`` items."""
-    step = max(1, BOOT_CHUNK_FLOATS // max(per_item, 1))
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    def structure_doubts(self, design: CurveFit | None = None) -> list[str]:
+        """The latest third of the points off the curve by more than ``STRUCTURE_Z`` standard errors."""
+        z = _structure(self.fit if design is None else design, self.noise)
+        if abs(z) <= STRUCTURE_Z:
+            return []
+        way = "above" if z > 0 else "below"
+        return [
+            f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the "
+            f"{self.fit.name.replace('_', ' ')} does not explain"
+        ]
 
 
 def correlated_bootstrap(
@@ -415,13 +281,16 @@ def correlated_bootstrap(
     """
     rng = np.random.default_rng(seed)
     c_all, _ = fit.inputs
-    series = _series(fit)
+    series = run_series(fit)
     if draw_sigma:
         dof = _effective_dof(noise)
         sigma = noise.sigma * np.sqrt(dof / rng.chisquare(dof, size=n_resamples))
     else:
         sigma = np.full(n_resamples, noise.sigma)
-    parts = [_refit_chunk(fit, noise, series, sigma[part], rng) for part in _chunks(n_resamples, len(c_all))]
+    parts = [
+        _refit_chunk(fit, noise, series, sigma[part], rng)
+        for part in chunks(n_resamples, len(c_all), BOOT_CHUNK_FLOATS)
+    ]
     samples, var, phi = (np.concatenate(x) for x in zip(*parts, strict=True))
     return samples, sigma, (var, phi)
 
@@ -479,39 +348,31 @@ def _target_ratio(fit: CurveFit, target: float | None) -> float:
     return DEFAULT_RATIO
 
 
-def _backtests(fit: CurveFit, ratio: float, level: float, eval_prompts, eval_samples, seed: int) -> list[Backtest]:
-    """Fit prefixes ending at earlier evaluations and predict the farthest fitted point within
-    ``ratio`` x the prefix's compute. A backtest must look at least sqrt(ratio) ahead (half the
-    question's distance in log-compute); the latest feasible origins, at most ``MAX_BACKTESTS``."""
-    c_all, v_all = fit.inputs
-    c_fit, v_fit = c_all[fit.used], v_all[fit.used]
-    feasible = []  # (origin, farthest fitted point within ratio x)
-    for o in np.unique(c_fit)[MIN_POINTS - 1 :]:
-        ahead = c_fit[(c_fit > o * (1 + 1e-12)) & (c_fit <= o * ratio * (1 + 1e-9))]
-        if len(ahead) and ahead.max() >= o * np.sqrt(ratio) * (1 - 1e-9):
-            feasible.append((float(o), float(ahead.max())))
-    feasible = feasible[-MAX_BACKTESTS:]
+def _backtests(fc: SingleForecast, design: CurveFit, eval_prompts: int | None, eval_samples: int) -> list[Backtest]:
+    """Fit prefixes of ``design`` ending at earlier evaluations and score each on the farthest
+    fitted point within the question's ratio x its compute (``backtest_target``); the latest
+    feasible origins, at most ``SingleForecast.max_backtests``."""
+    c_all, v_all = design.inputs
+    c_fit, v_fit = c_all[design.used], v_all[design.used]
+    origins = [float(o) for o in np.unique(c_fit)[MIN_POINTS - 1 :] if backtest_target(c_fit, o, fc.ratio)]
     out = []
-    for o, t in feasible:
-        at_t = v_fit[c_fit == t]  # one evaluation per run there: their mean has sigma^2 / k
-        observed = float(at_t.mean())
+    for o in origins[-fc.max_backtests :]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                prefix = fit.prefix(o)
-            fc = forecast(
+                prefix = design.prefix(o)
+            pfc = forecast(
                 prefix,
-                level=level,
+                level=fc.level,
                 eval_prompts=eval_prompts,
                 eval_samples=eval_samples,
-                n_resamples=BACKTEST_RESAMPLES,
-                seed=seed,
+                n_resamples=fc.backtest_resamples,
+                seed=fc.seed,
                 backtest=False,
             )
         except FitError:
             continue
-        draws = fc.prediction_draws([t], n_runs=len(at_t))[:, 0]
-        out.append(Backtest(o, t, float(fc.point([t])[0]), observed, float(np.std(draws)), ratio, len(at_t)))
+        out.append(score_backtest(pfc, o, c_fit, v_fit, fc.ratio))
     return out
 
 
@@ -527,54 +388,6 @@ def _structure(fit: CurveFit, noise: NoiseModel) -> float:
     return float(np.mean(tail) / se) if se > 0 else 0.0
 
 
-def _verdict(fc: Forecast, design: CurveFit | None = None) -> Verdict:
-    """``design``: the evaluations the noise model was measured on (``thin_runs``), where the
-    residual structure is judged with that noise model; default the fit itself."""
-    f = fc.fit
-    reasons = []
-    c_fit = float(f.compute.max())
-    more = []
-    if len(fc.backtests) < 2:
-        reasons.append(
-            f"too few points to backtest a {fc.ratio:.2g}x extrapolation ({len(fc.backtests)} backtest(s) from "
-            f"{f.n_points} fitted points; need 2, each looking at least {np.sqrt(fc.ratio):.2g}x ahead)"
-        )
-    reasons += f.identified()  # the model's own answer (the sigmoid's: knee reached, no grid edge or bound)
-    if f.more_compute() is not None:
-        more.append(f.more_compute())
-    identified = not reasons
-    err = fc.expected_error
-    error_reason = err is not None and err > fc.margin
-    if error_reason:
-        reasons.append(f"backtest error {err:.3f} at {fc.ratio:.2g}x > margin {fc.margin}")
-        trend = _error_trend(fc.backtests, fc.margin, c_fit)
-        if trend is not None:
-            more.append(trend)
-    z = _structure(f if design is None else design, fc.noise)
-    if abs(z) > STRUCTURE_Z:
-        way = "above" if z > 0 else "below"
-        reasons.append(
-            f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the "
-            f"{f.name.replace('_', ' ')} does not explain"
-        )
-    error_only = identified and error_reason and len(reasons) == 1
-    return Verdict(not reasons, reasons, max(more) if more and reasons else None, error_only)
-
-
-def _error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float | None:
-    """Compute, as a factor on ``c_fit``, where the backtest error trend (log |error| against log
-    origin) reaches the margin; None when the errors do not shrink with compute."""
-    if len(backtests) < 3:
-        return None
-    x = np.log([b.origin for b in backtests])
-    y = np.log(np.maximum([abs(b.scaled_error) for b in backtests], 1e-6))
-    slope, icpt = np.polyfit(x, y, 1)
-    if slope >= -0.05:
-        return None
-    c_needed = float(np.exp((np.log(margin) - icpt) / slope))  # the origin whose error the trend puts at the margin
-    return max(c_needed / c_fit, 1.0)
-
-
 def forecast(
     fit: CurveFit,
     *,
@@ -586,7 +399,7 @@ def forecast(
     n_resamples: int = 1000,
     seed: int = 0,
     backtest: bool = True,
-) -> Forecast:
+) -> SingleForecast:
     """Bands, backtests and the predictability verdict of a fit.
 
     level: coverage of the bands (0.9 by default). target: the compute the prediction is for
@@ -609,38 +422,38 @@ def forecast(
     )
     samples, sigma_draws, _ = correlated_bootstrap(design, noise, n_resamples, seed)
     ratio = _target_ratio(fit, target)
-    fc = Forecast(fit, level, noise, samples, sigma_draws, ratio, margin, seed=seed, refitted_points=design.n_points)
+    fc = SingleForecast(
+        fit, level, noise, samples, sigma_draws, ratio, margin, seed=seed, refitted_points=design.n_points
+    )
     if not backtest:
         return fc
-    fc.backtests = _backtests(design, ratio, level, eval_prompts, eval_samples, seed)
-    zs = np.array([b.z for b in fc.backtests if np.isfinite(b.z)])
-    # Only ever widen: backtests that happen to land close cannot make the model's band narrower.
-    fc.calibration = max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
-    fc.verdict = _verdict(fc, design)
+    fc.backtests = _backtests(fc, design, eval_prompts, eval_samples)
+    fc.calibration = calibration(fc.backtests)
+    fc.verdict = fc.judge(design)
     return fc
 
 
 def fit_and_forecast(
     compute,
     value,
+    settings: FitSettings | None = None,
     *,
     runs=None,
     fit_upto: float | None = None,
-    exclude_below: float | None = None,
-    a_grid=None,
     target: float | None = None,
-    level: float = DEFAULT_LEVEL,
-    eval_prompts: int | None = None,
-    margin: float = DEFAULT_MARGIN,
     n_resamples: int = 1000,
-    model: str | CurveModel = "sigmoid",
-) -> tuple[CurveFit, Forecast]:
-    """Fit one recipe's curve with ``model`` (a ``fit.model`` name or a ``CurveModel``; several runs
-    pooled, each its own correlated series) and forecast it; the fit's warnings stay on the fit
-    (``CurveFit.warnings``), not on the console."""
-    est = make_model(model, exclude_below=exclude_below, fit_upto=fit_upto, a_grid=a_grid)
+) -> tuple[CurveFit, SingleForecast]:
+    """Fit one recipe's curve with ``settings``' model, grid, ``exclude_below``, level, margin and
+    evaluation size (a campaign's ``FitSettings``; None: the library's defaults and the model's own
+    grid), several runs pooled, each its own correlated series, and forecast it. The fit's warnings
+    stay on the fit (``CurveFit.warnings``), not on the console."""
+    s = settings or FitSettings()
+    a_grid = s.a_values if settings is not None else None
+    est = make_model(s.model, exclude_below=s.exclude_below, fit_upto=fit_upto, a_grid=a_grid)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         f = est.fit(compute, value, runs=runs).result_
-    fc = forecast(f, level=level, target=target, eval_prompts=eval_prompts, margin=margin, n_resamples=n_resamples)
+    fc = forecast(
+        f, level=s.level, target=target, eval_prompts=s.eval_prompts, margin=s.margin, n_resamples=n_resamples
+    )
     return f, fc

@@ -34,12 +34,12 @@ from scipy.special import expit
 
 from scalefit.curve import sigmoid_residuals
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, SigmoidFit, _chunks, _edge_warnings, b_on_bound, fit_sigmoid
-from scalefit.forecast import _series, noise_model
+from scalefit.fit import B_BOUNDS, SigmoidFit, b_on_bound, chunks, edge_warnings, fit_sigmoid
+from scalefit.forecast import noise_model, run_series
 from scalefit.lm import batched_lm
 from scalefit.seeds import DeviationPool, deviation_pool
+from scalefit.settings import POOLING
 
-POOLING = ("partial", "none")
 R0_TOLERANCE = 0.01  # zero-compute evaluations this close: one base model, one R0
 LOGB_GRID = np.linspace(np.log(0.05), np.log(B_BOUNDS[1]), 121)  # neighbours 5.9% apart; up to B's bound
 FINE = 4  # the likelihoods are interpolated onto a grid this much finer for the integrals
@@ -75,7 +75,7 @@ def profile_b(
     e = r0 - y
     s2 = np.zeros((len(cm), len(bvals)))
     s1 = np.zeros((len(cm), len(bvals)))
-    for part in _chunks(len(y), len(cm) * len(bvals)):
+    for part in chunks(len(y), len(cm) * len(bvals)):
         s = expit(-bvals[None, :, None] * (lcm[:, None, None] - log_c[None, None, part]))
         s2 += np.einsum("cbn,cbn->cb", s, s)
         s1 += np.einsum("cbn,n->cb", s, e[part])
@@ -88,7 +88,7 @@ def profile_b(
         lower[0] = upper[0] = a_lo
     theta = np.empty_like(theta0)
     sse_out = np.empty(len(bvals))
-    for part in _chunks(len(bvals), 4 * len(y)):
+    for part in chunks(len(bvals), 4 * len(y)):
         rows_b = bvals[part]
 
         def residuals(th: np.ndarray, rows: np.ndarray, rows_b=rows_b) -> tuple[np.ndarray, np.ndarray]:
@@ -106,7 +106,7 @@ def _interp_rows(grid: np.ndarray, values: np.ndarray, at: np.ndarray) -> np.nda
     return values[..., idx] * (1.0 - w) + values[..., idx + 1] * w
 
 
-def _normal_kernel(grid: np.ndarray, mu: np.ndarray, tau: float) -> np.ndarray:
+def normal_kernel(grid: np.ndarray, mu: np.ndarray, tau: float) -> np.ndarray:
     """Discretised N(mu, tau^2) over ``grid``: one row of weights summing to 1 per mu."""
     k = np.exp(-0.5 * ((grid[None, :] - mu[:, None]) / tau) ** 2)
     return k / np.maximum(k.sum(axis=1, keepdims=True), 1e-300)
@@ -115,7 +115,7 @@ def _normal_kernel(grid: np.ndarray, mu: np.ndarray, tau: float) -> np.ndarray:
 def log_marginal(loglik: np.ndarray, grid: np.ndarray, mu: np.ndarray, tau: float) -> np.ndarray:
     """log ∫ L_v(b) N(b; mu, tau^2) db for each variant (rows of ``loglik``, ..., len(grid)) and each mu."""
     top = loglik.max(axis=-1, keepdims=True)
-    m = np.exp(loglik - top) @ _normal_kernel(grid, mu, tau).T
+    m = np.exp(loglik - top) @ normal_kernel(grid, mu, tau).T
     return np.log(np.maximum(m, 1e-300)) + top
 
 
@@ -211,7 +211,7 @@ def _bootstrap_logb_sd(fit: SigmoidFit, pool: DeviationPool, rng: np.random.Gene
     c_all, _ = fit.inputs
     c_fit = float(fit.compute.max())
     y = np.tile(fit.predict(c_all), (n, 1))
-    for idx in _series(fit):
+    for idx in run_series(fit):
         y[:, idx] += pool.draw(rng, c_all[idx] / c_fit, n)
     Y, log_x = y[:, fit.used], np.log(fit.compute)[None, :]
 
@@ -262,7 +262,7 @@ def _with_params(fit: SigmoidFit, A: float, B: float, C_mid: float, prior: Prior
     r, _ = sigmoid_residuals(np.array([[A, B, np.log(C_mid)]]), log_c[None, :], y[None, :], fit.R0)
     grid_A, grid_C = _nearest(fit.a_grid, A), _nearest(fit.cmid_grid, C_mid)
     ia, ic = int(np.argmin(np.abs(fit.a_grid - A))), int(np.argmin(np.abs(fit.cmid_grid - C_mid)))
-    notes = _edge_warnings(fit.a_grid, fit.cmid_grid, ia, ic) if (len(fit.a_grid) > 1 or len(fit.cmid_grid) > 1) else []
+    notes = edge_warnings(fit.a_grid, fit.cmid_grid, ia, ic) if (len(fit.a_grid) > 1 or len(fit.cmid_grid) > 1) else []
     if b_on_bound(B):
         notes.append(f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: not a sigmoid")
     base = {k: v for k, v in vars(fit).items() if k not in ("prior", "unpooled", "pool_note")}

@@ -34,50 +34,47 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.interpolate import CubicSpline
 from scipy.stats import norm
 
 from scalefit.curve import sigmoid_residuals
-from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, SigmoidFit
-from scalefit.forecast import (
-    CALIBRATION_PRIOR,
-    DEFAULT_RATIO,
-    KNEE_SHARE,
-    Backtest,
-    Forecast,
-    NoiseModel,
-    Verdict,
-    _series,
-    eval_sd,
-    forecast,
-)
+from scalefit.fit import B_BOUNDS, KNEE_SHARE, SigmoidFit, chunks
+from scalefit.forecast import eval_sd, fit_and_forecast, forecast, run_series
 from scalefit.lm import batched_lm
 from scalefit.pooled import (
     LOGB_GRID,
     TAU_GRID,
     CampaignFit,
-    _normal_kernel,
     collapse_reason,
     fine_grid,
     fit_campaign,
+    normal_kernel,
     variant_mean,
 )
+from scalefit.prediction import (
+    DEFAULT_RATIO,
+    MIN_BACKTESTS,
+    STRUCTURE_Z,
+    Backtest,
+    CampaignForecast,
+    Forecast,
+    NoiseModel,
+    backtest_target,
+    calibration,
+    score_backtest,
+)
 from scalefit.seeds import DeviationPool, deviation_pool
+from scalefit.settings import FitSettings
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 TAIL = 1.0 / 3.0  # the structure check looks at the last third of the fitted range
-STRUCTURE_Z = 3.0
-MAX_BACKTESTS = 3
-BACKTEST_RESAMPLES = 120
 RESAMPLE_GRID = 15
 BOOT_FINE = 16  # the resamples' log B grid is interpolated (cubic) onto one this much finer
-MIN_BACKTESTS = 2  # a campaign whose extrapolation no backtest checked predicts nothing
 
 
 def _position_key(c: np.ndarray, c_fit: float) -> np.ndarray:
@@ -113,9 +110,7 @@ def _profile_resamples(
     lower = np.array([min(a_range), np.log(min(c_range))])
     upper = np.array([max(a_range), np.log(max(c_range))])
     sse, th = np.empty(R * nb), np.tile(start, (R, 1))
-    from scalefit.fit import _chunks
-
-    for part in _chunks(R * nb, 6 * len(log_c)):
+    for part in chunks(R * nb, 6 * len(log_c)):
         idx = np.arange(R * nb)[part]
 
         def residuals(t: np.ndarray, rows: np.ndarray, idx=idx) -> tuple[np.ndarray, np.ndarray]:
@@ -172,7 +167,7 @@ def campaign_bootstrap(
         y[:, pos] += shocks[:, np.searchsorted(all_keys, keys[v][pos])]
         base = c_all == c_all.min()
         zd = []
-        for idx in _series(f):
+        for idx in run_series(f):
             d = pool.draw(rng, c_all[idx] / c_fit, n_resamples)
             y[:, idx] += d
             zd.append(d[:, base[idx]].mean(axis=1) if base[idx].any() else np.zeros(n_resamples))
@@ -205,7 +200,7 @@ def campaign_bootstrap(
         mu = np.empty(n_resamples)
         for tau in np.unique(taus):  # mu re-estimated in every resample, at that resample's tau
             rows = taus == tau
-            marg = np.log(np.maximum(np.exp(L[rows] - top[rows]) @ _normal_kernel(fine, fine, tau).T, 1e-300))
+            marg = np.log(np.maximum(np.exp(L[rows] - top[rows]) @ normal_kernel(fine, fine, tau).T, 1e-300))
             mu[rows] = fine[np.argmax((marg + top[rows]).sum(axis=1), axis=1)]
         for j, v in enumerate(pooled):
             post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / taus[:, None]) ** 2
@@ -242,10 +237,14 @@ class PooledForecast(Forecast):
     shared_var: float = 0.0  # one evaluation's shock common to every run of the campaign
     n_seeds: int = 1
     target: float = np.nan
-    no_band: list[str] = field(default_factory=list)  # why the curve gets no band (not a sigmoid)
     pool_kind: str = "seeds"
     campaign_backtests: int = 0  # backtests past the knee over the whole campaign (they set ``calibration``)
-    own: Forecast | None = field(default=None, repr=False)  # the variant fitted alone (``own_forecast``)
+    alone: Forecast | None = field(default=None, repr=False)  # the variant fitted alone (``own``), once made
+
+    max_backtests: ClassVar[int] = 3  # each origin refits the whole campaign: its latest three
+    backtest_resamples: ClassVar[int] = 120
+    paired: ClassVar[bool] = True
+    error_name: ClassVar[str] = "expected error"
 
     def _sd(self, window: int, compute, n_runs: int) -> np.ndarray:
         """sd of the mean of ``n_runs`` runs' means over ``window`` evaluations ending at each compute:
@@ -257,13 +256,6 @@ class PooledForecast(Forecast):
         a, b = self.noise_var[window]
         p = np.atleast_1d(np.asarray(compute, float)) / float(self.fit.compute.max())
         return np.sqrt(np.maximum(a + b * p, 0.0) / max(n_runs, 1) + self.shared_var / window)
-
-    def _nan(self, compute) -> tuple[np.ndarray, np.ndarray]:
-        c = np.atleast_1d(np.asarray(compute, float))
-        return np.full(len(c), np.nan), np.full(len(c), np.nan)
-
-    def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
-        return self._nan(compute) if self.no_band else super().confidence_band(compute)
 
     def interval(self, param: str) -> tuple[float, float]:
         """The resamples' central interval of ``param``, reaching the fit shown (``interval_holding``)."""
@@ -295,28 +287,23 @@ class PooledForecast(Forecast):
         point = self.point(c)[None, :]
         return point + self.calibration * (curves + dev - point)
 
-    def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        return self._nan(compute) if self.no_band else super().prediction_band(compute, n_runs, level)
-
-    def target_band(
-        self, computes, n_runs: int = 1, level: float | None = None, window: int | None = None
-    ) -> tuple[float, float]:
-        """The band of ``target_draws`` (NaN for a curve with no band)."""
-        if self.no_band:
-            return np.nan, np.nan
-        draws = self.target_draws(computes, n_runs, window)
-        lo, hi = np.percentile(draws, central_percentiles(level or self.level))
-        return float(lo), float(hi)
-
     def expected_error_at(self, computes, n_runs: int | None = None, window: int | None = None) -> float:
         """Expected error of the point prediction against what ``n_runs`` seeds (default: this
         variant's) will show averaged over ``computes``: the calibrated draws' spread, their noise
         σ²/k included, as a standard deviation (half their central 68.27% interval: the RMS for
         normal draws, and finite where few seeds give the noise level a heavy tail, as one
-        variant's two seeds do: one degree of freedom, a draw's RMS then has no finite value)."""
+        variant's two seeds do: one degree of freedom, a draw's RMS then has no finite value).
+        NaN for a curve with no band."""
+        if self.no_band:
+            return float("nan")
         d = self.target_draws(computes, n_runs or self.n_seeds, window)
         lo, hi = np.percentile(d - float(self.point(computes).mean()), [15.865, 84.135])
         return float((hi - lo) / 2)
+
+    @property
+    def mean_windows(self) -> tuple[int, ...]:
+        """The windows the seed pool has a noise line for (``noise_var``)."""
+        return tuple(self.noise_var)
 
     @property
     def window(self) -> int:
@@ -330,6 +317,71 @@ class PooledForecast(Forecast):
             return None
         return self.expected_error_at([self.target], window=self.window)
 
+    def doubts(self) -> list[str]:
+        """The knee and the grid edges (B on its bound is a shape reason: no band), then a campaign
+        whose extrapolation too few backtests past the knee checked."""
+        out = [r for r in self.fit.identified() if not r.startswith("B =")]
+        if self.campaign_backtests < MIN_BACKTESTS:
+            out.append(
+                f"{self.campaign_backtests} backtest(s) past the knee in the campaign (need {MIN_BACKTESTS}): "
+                "its extrapolation is unchecked"
+            )
+        return out
+
+    def error_doubt(self) -> tuple[str | None, float | None]:
+        """A k-seed mean at the target that lands within ±margin with probability below the level."""
+        w = self.window
+        d = self.target_draws([self.target], self.n_seeds, w)
+        point = float(self.point([self.target])[0])
+        p_within = float(np.mean(np.abs(d - point) <= self.margin))
+        if p_within >= self.level:
+            return None, None
+        half = float(np.percentile(np.abs(d - point), 100 * self.level))
+        z = float(norm.ppf(0.5 + self.level / 2))
+        seeds_alone = z * self.calibration * float(self._sd(w, [self.target], self.n_seeds)[0])
+        what = f"a {self.n_seeds}-seed mean" + (f" of the last {w} evaluations" if w > 1 else "")
+        text = (
+            f"{what} at {self.ratio:.2g}x lands within ±{self.margin:g} with probability {p_within:.2f} "
+            f"< {self.level:g} (its {self.level:.0%} band is ±{half:.3f}, ±{seeds_alone:.3f} of it the seeds' own noise"
+        )
+        text += ": more seeds, not more compute)" if seeds_alone > self.margin else ")"
+        return text, None
+
+    def unchecked_extrapolation(self, name: str) -> list[str]:
+        """Fewer than ``MIN_BACKTESTS`` backtests past the knee in the campaign."""
+        if self.campaign_backtests >= MIN_BACKTESTS:
+            return []
+        return [
+            f"{name}'s extrapolation is unchecked ({self.campaign_backtests} backtest(s) past the knee in the "
+            f"campaign, need {MIN_BACKTESTS})"
+        ]
+
+    def own(self) -> Forecast:
+        """The variant's forecast from its own data alone (its ``unpooled`` fit: no campaign prior on
+        B, so B's uncertainty is as wide as its seeds leave it); itself where nothing was pooled.
+        Resampled once (``OWN_RESAMPLES``; no backtests of its own: the campaign's calibration widens it)."""
+        fit = self.fit
+        if fit.prior is None or fit.unpooled is None:
+            return self
+        if self.alone is None:
+            n = min(len(self.samples), OWN_RESAMPLES)
+            alone = forecast(
+                fit.unpooled, level=self.level, margin=self.margin, n_resamples=n, seed=self.seed, backtest=False
+            )
+            alone.calibration = max(alone.calibration, self.calibration)  # the campaign's backtests widen it too
+            self.alone = alone
+        return self.alone
+
+    def b_tie(self, candidate: Forecast, b_candidate: float) -> str | None:
+        """ΔB's interval from the paired resamples (one simulated campaign each) when it holds 0."""
+        if candidate.no_band:
+            return None
+        d = candidate.samples[:, 1] - self.samples[:, 1]
+        d_lo, d_hi = np.percentile(d[np.isfinite(d)], central_percentiles(self.level))
+        if d_lo <= 0.0 <= d_hi:
+            return f"; ΔB's {self.level:.0%} interval [{d_lo:+.3f}, {d_hi:+.3f}] holds 0"
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict() if not self.no_band else {"level": self.level, "no_band": list(self.no_band)}
         out.update(
@@ -342,10 +394,13 @@ class PooledForecast(Forecast):
         return out
 
 
+OWN_RESAMPLES = 200  # the variant's own fit, resampled only to back a call past its data
+
+
 def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[str]:
     """Why this curve is not a sigmoid its band could be trusted on (empty when it is one)."""
     out = []
-    if getattr(fit, "outlier", False):  # a shape no other variant shares: the sigmoid may not be its curve
+    if fit.outlier:  # a shape no other variant shares: the sigmoid may not be its curve
         out.append(fit.pool_note)
     if fit.a_at_edge:
         out.append(f"A = {fit.A:.3f} is on the edge of its grid (the asymptote is not identified)")
@@ -354,7 +409,7 @@ def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[st
     if fit.b_at_bound:
         out.append(f"B = {fit.B:.3g} is on a bound of its range (a {'step' if fit.B > 1 else 'flat line'})")
     collapse = collapse_reason(fit, pool, n_seeds)
-    if collapse and not getattr(fit, "pool_note", "").startswith("rises then falls"):  # said once
+    if collapse and not fit.pool_note.startswith("rises then falls"):  # said once
         out.append(collapse)
     cs, m = variant_mean(fit)
     k = max(n_seeds, 1)
@@ -374,11 +429,6 @@ def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[st
     return out
 
 
-def _knee_share(fit: SigmoidFit, at: float) -> float:
-    gain = fit.A - fit.R0
-    return float((fit.predict(at) - fit.R0) / gain) if gain > 0 else 0.0
-
-
 def _noise_vars(
     pool: DeviationPool, windows: tuple[int, ...], eval_prompts: int | None, level: float, shared_var: float
 ) -> dict[int, tuple[float, float]]:
@@ -394,57 +444,16 @@ def _noise_vars(
     return out
 
 
-@dataclass
-class PooledVerdict(Verdict):
-    band_only: bool = False  # a sigmoid, identified, past its knee: only the k-seed band is wider than the margin
-
-
-def _verdict(fc: PooledForecast, margin: float) -> PooledVerdict:
-    f = fc.fit
-    if fc.no_band:
-        return PooledVerdict(False, ["no band: " + "; ".join(fc.no_band)])
-    reasons, more = [], []
-    c_fit = float(f.compute.max())
-    share = _knee_share(f, c_fit)
-    if share < KNEE_SHARE:
-        reasons.append(f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point")
-        more.append(f.C_mid / c_fit)
-    reasons += [r for r in f.not_identified if not r.startswith("B =")]
-    if fc.campaign_backtests < MIN_BACKTESTS:
-        reasons.append(
-            f"{fc.campaign_backtests} backtest(s) past the knee in the campaign (need {MIN_BACKTESTS}): "
-            "its extrapolation is unchecked"
-        )
-    w = fc.window
-    d = fc.target_draws([fc.target], fc.n_seeds, w)
-    point = float(fc.point([fc.target])[0])
-    p_within = float(np.mean(np.abs(d - point) <= margin))
-    band_only = False
-    if p_within < fc.level:
-        band_only = not reasons  # a sigmoid, identified, checked: only the k-seed band is wider than the margin
-        half = float(np.percentile(np.abs(d - point), 100 * fc.level))
-        z = float(norm.ppf(0.5 + fc.level / 2))
-        seeds_alone = z * fc.calibration * float(fc._sd(w, [fc.target], fc.n_seeds)[0])
-        what = f"a {fc.n_seeds}-seed mean" + (f" of the last {w} evaluations" if w > 1 else "")
-        text = (
-            f"{what} at {fc.ratio:.2g}x lands within ±{margin:g} with probability {p_within:.2f} "
-            f"< {fc.level:g} (its {fc.level:.0%} band is ±{half:.3f}, ±{seeds_alone:.3f} of it the seeds' own noise"
-        )
-        text += ": more seeds, not more compute)" if seeds_alone > margin else ")"
-        reasons.append(text)
-    return PooledVerdict(not reasons, reasons, max(more) if more else None, band_only, band_only)
+def windows(settings: FitSettings) -> tuple[int, ...]:
+    """The numbers of successive evaluations whose mean is predicted: one, and the last ``last_k``."""
+    return tuple(sorted({1, settings.last_k}))
 
 
 def _build_forecasts(
-    cfit: CampaignFit,
-    n_resamples: int,
-    seed: int,
-    level: float,
-    margin: float,
-    ratio: float | dict[str, float] | None,
-    eval_prompts: int | None,
-    windows: tuple[int, ...],
-) -> tuple[dict[str, PooledForecast], DeviationPool]:
+    cfit: CampaignFit, settings: FitSettings, ratio: float | dict[str, float] | None, n_resamples: int, seed: int
+) -> dict[str, PooledForecast]:
+    """Every variant's forecast from one campaign bootstrap, before backtests (``settings``: level,
+    margin, evaluation size and ``windows``)."""
     seeds = {v: len(np.unique(f.run_inputs)) for v, f in cfit.fits.items()}
     pool = deviation_pool(cfit.fits)
     no_band = {v: shape_reasons(f, pool, seeds[v]) for v, f in cfit.fits.items()}
@@ -455,7 +464,7 @@ def _build_forecasts(
     level_now = float(np.mean([f.predict(f.compute.max()) for f in cfit.fits.values()]))
     skip = frozenset(v for v in no_band if no_band[v])
     shared = shared_variance({v: f for v, f in cfit.fits.items() if v not in skip})
-    nv = _noise_vars(pool, windows, eval_prompts, level_now, shared)
+    nv = _noise_vars(pool, windows(settings), settings.eval_prompts, level_now, shared)
     sd1 = float(np.sqrt(sum(nv[1])))  # one evaluation at the end of the fitted range
     draws = campaign_bootstrap(cfit, pool, n_resamples, seed, skip, shared)
     rng = np.random.default_rng(seed + 3)
@@ -464,97 +473,68 @@ def _build_forecasts(
     out = {}
     for v, f in cfit.fits.items():
         r = ratio.get(v, DEFAULT_RATIO) if isinstance(ratio, dict) else (ratio or DEFAULT_RATIO)
-        samples = draws.get(v, np.full((n_resamples, 4), np.nan))
-        noise = NoiseModel(sd1, pool.phi(), dof, None, seeds[v])
-        fc = PooledForecast(
+        out[v] = PooledForecast(
             f,
-            level,
-            noise,
-            samples,
+            settings.level,
+            NoiseModel(sd1, pool.phi(), dof, None, seeds[v]),
+            draws.get(v, np.full((n_resamples, 4), np.nan)),
             sigma_draws,
             r,
-            margin,
+            settings.margin,
             seed=seed,
+            no_band=no_band[v],
             noise_var=nv,
             shared_var=shared,
             n_seeds=seeds[v],
             target=float(f.compute.max()) * r,
-            no_band=no_band[v],
             pool_kind=pool.kind,
         )
-        out[v] = fc
-    return out, pool
-
-
-def _backtests(
-    cfit: CampaignFit,
-    full: dict[str, PooledForecast],
-    ratio: float,
-    level: float,
-    margin: float,
-    eval_prompts,
-    seed: int,
-) -> dict[str, list[Backtest]]:
-    """Refit the campaign on prefixes (the same fraction of every variant's fitted range) and score
-    each variant past its knee at the origin on its farthest fitted point within ``ratio``."""
-    ref = max(cfit.fits.values(), key=lambda f: len(np.unique(f.compute)))
-    pos = np.unique(ref.compute) / ref.compute.max()
-    feasible = []
-    for q in pos[3:]:
-        ahead = pos[(pos > q * (1 + 1e-9)) & (pos <= q * ratio * (1 + 1e-9))]
-        if len(ahead) and ahead.max() >= q * np.sqrt(ratio) * (1 - 1e-9):
-            feasible.append(float(q))
-    out: dict[str, list[Backtest]] = {v: [] for v in cfit.fits}
-    for q in feasible[-MAX_BACKTESTS:]:
-        upto = {v: q * float(f.compute.max()) for v, f in cfit.fits.items()}
-        try:
-            prefix = cfit.refit(fit_upto=upto)
-            fcs, _ = _build_forecasts(prefix, BACKTEST_RESAMPLES, seed, level, margin, None, eval_prompts, (1,))
-        except FitError:
-            continue
-        for v, fc in fcs.items():
-            if v not in full or fc.no_band or full[v].no_band or _knee_share(cfit.fits[v], upto[v]) < KNEE_SHARE:
-                continue
-            f = cfit.fits[v]
-            c_fit = f.compute
-            ahead = c_fit[(c_fit > upto[v] * (1 + 1e-9)) & (c_fit <= upto[v] * ratio * (1 + 1e-9))]
-            if not len(ahead) or ahead.max() < upto[v] * np.sqrt(ratio) * (1 - 1e-9):
-                continue
-            t = float(ahead.max())
-            at_t = f.value[c_fit == t]
-            d = fc.target_draws([t], len(at_t))
-            out[v].append(Backtest(upto[v], t, float(fc.point([t])[0]), float(at_t.mean()), float(np.std(d)), ratio))
     return out
 
 
-def calibration(backtests: dict[str, list[Backtest]]) -> float:
-    """Width factor of every band from the campaign's backtests: the RMS standardised error (each
-    scored against its prefix's own band, the shock shared at that evaluation included) with a
-    prior weight on "the model's band is right"; never below 1."""
-    zs = np.array([b.z for bts in backtests.values() for b in bts if np.isfinite(b.z)])
-    return max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
+def _backtests(
+    cfit: CampaignFit, full: dict[str, PooledForecast], ratio: float, settings: FitSettings, seed: int
+) -> dict[str, list[Backtest]]:
+    """Refit the campaign on prefixes (the same fraction of every variant's fitted range) and score
+    each variant past its knee at the origin on its farthest fitted point within ``ratio``
+    (``score_backtest``); the latest feasible origins, at most ``PooledForecast.max_backtests``."""
+    ref = max(cfit.fits.values(), key=lambda f: len(np.unique(f.compute)))
+    pos = np.unique(ref.compute) / ref.compute.max()
+    feasible = [float(q) for q in pos[3:] if backtest_target(pos, q, ratio) is not None]
+    out: dict[str, list[Backtest]] = {v: [] for v in cfit.fits}
+    prefix_settings = replace(settings, last_k=1)  # a backtest scores one evaluation
+    for q in feasible[-PooledForecast.max_backtests :]:
+        upto = {v: q * float(f.compute.max()) for v, f in cfit.fits.items()}
+        try:
+            prefix = cfit.refit(fit_upto=upto)
+            fcs = _build_forecasts(prefix, prefix_settings, None, PooledForecast.backtest_resamples, seed)
+        except FitError:
+            continue
+        for v, fc in fcs.items():
+            if v not in full or fc.no_band or full[v].no_band or cfit.fits[v].knee_share(upto[v]) < KNEE_SHARE:
+                continue
+            f = cfit.fits[v]
+            if backtest_target(f.compute, upto[v], ratio) is not None:
+                out[v].append(score_backtest(fc, upto[v], f.compute, f.value, ratio))
+    return out
 
 
 def forecast_campaign(
     cfit: CampaignFit,
+    settings: FitSettings | None = None,
     *,
-    level: float = DEFAULT_LEVEL,
     target: float | dict[str, float] | None = None,
-    margin: float = DEFAULT_MARGIN,
-    eval_prompts: int | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
-    windows: tuple[int, ...] = (1, 3),
     backtest: bool = True,
 ) -> dict[str, PooledForecast]:
-    """Forecast every fitted variant of a joint fit (see the module docstring).
+    """Forecast every fitted variant of a joint fit (see the module docstring) at ``settings``' level
+    and margin, with its evaluation size and ``last_k`` (default ``FitSettings()``).
 
     target: the compute the predictions are for, one or one per variant (default: the variant's
-      last held-out point, else 2x its fitted compute). windows: the numbers of successive
-      evaluations whose mean can be predicted (1: one evaluation; 3: the last three).
+      last held-out point, else 2x its fitted compute).
     """
-    if not 0.0 < level < 1.0:
-        raise FitError(f"level must lie in (0, 1), got {level}")
+    settings = settings or FitSettings()
     if n_resamples < 20:
         raise FitError(f"n_resamples must be at least 20, got {n_resamples}")
     if not cfit.fits:
@@ -566,201 +546,65 @@ def forecast_campaign(
         if t is None and len(f.heldout_compute):
             t = float(f.heldout_compute.max())
         ratio[v] = max(float(t) / c_fit, 1.0) if t is not None else DEFAULT_RATIO
-    fcs, _ = _build_forecasts(cfit, n_resamples, seed, level, margin, ratio, eval_prompts, windows)
+    fcs = _build_forecasts(cfit, settings, ratio, n_resamples, seed)
     if backtest:
         question = float(np.median(list(ratio.values())))
-        bts = _backtests(cfit, fcs, question, level, margin, eval_prompts, seed)
-        cal = calibration(bts)
+        bts = _backtests(cfit, fcs, question, settings, seed)
+        cal = calibration(b for bt in bts.values() for b in bt)
         n_bt = sum(len(b) for b in bts.values())
         for v, fc in fcs.items():
             fc.backtests, fc.calibration, fc.campaign_backtests = bts.get(v, []), cal, n_bt
     for fc in fcs.values():
-        fc.verdict = _verdict(fc, margin)
+        fc.verdict = fc.judge()
     return fcs
-
-
-OWN_RESAMPLES = 200  # the variant's own fit, resampled only to back a call past its data
-UNSEPARATED = {"worse": "slower or lower", "better": "faster or higher"}  # what an open ceiling leaves open
-DECIDED = ("worse", "no difference", "better")
-
-
-@dataclass
-class Call:
-    """A variant against the baseline at a budget, from the joint model's paired draws."""
-
-    label: str  # worse | no difference | better | cannot tell yet
-    delta: float  # predicted mean-curve difference, variant - baseline
-    lo: float
-    hi: float
-    reason: str = ""
-
-    def text(self, margin: float) -> str:
-        for which in UNSEPARATED.values():
-            if self.label == "cannot tell yet" and self.reason.startswith(which + ": "):
-                return f"{which}: cannot tell yet ({self.reason[len(which) + 2 :]})"
-        if self.label == "cannot tell yet" and self.reason:
-            return f"cannot tell yet: {self.reason}"
-        return f"{self.label}: Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
-
-
-def own_forecast(fc: Forecast) -> Forecast:
-    """``fc``'s variant forecast from its own data alone (its ``unpooled`` fit: no campaign prior on
-    B, so B's uncertainty is as wide as its seeds leave it); ``fc`` itself where nothing was pooled.
-    Resampled once (``OWN_RESAMPLES``; no backtests of its own: the campaign's calibration widens it)
-    and kept on ``fc``."""
-    fit = fc.fit
-    if getattr(fit, "prior", None) is None or getattr(fit, "unpooled", None) is None:
-        return fc
-    if getattr(fc, "own", None) is None:
-        n = min(len(fc.samples), OWN_RESAMPLES)
-        own = forecast(fit.unpooled, level=fc.level, margin=fc.margin, n_resamples=n, seed=fc.seed, backtest=False)
-        own.calibration = max(own.calibration, fc.calibration)  # the campaign's backtests widen it as they do fc
-        fc.own = own
-    return fc.own
-
-
-def _extrapolates(fc: Forecast, at: float) -> bool:
-    return at > float(fc.fit.compute.max()) * (1 + 1e-9)
-
-
-def _unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list[str]:
-    """Why ``fc`` cannot carry a call at ``at`` (empty when it can): not identified, or, past its
-    fitted data, an extrapolation its campaign has not checked or whose asymptote it does not bound.
-    ``open_side`` ("lower" / "upper"): the grid edge A may reach without overturning the call (a
-    variant called better whose ceiling may be higher still); clipped there, its draws only
-    understate the difference."""
-    if fc.fit.not_identified:
-        return [f"{name}'s fit is not identified"]
-    if not _extrapolates(fc, at):
-        return []
-    why = []
-    checked = getattr(fc, "campaign_backtests", None)  # the joint model's; a lone fit's are its own
-    if checked is not None and checked < MIN_BACKTESTS:
-        why.append(
-            f"{name}'s extrapolation is unchecked ({checked} backtest(s) past the knee in the "
-            f"campaign, need {MIN_BACKTESTS})"
-        )
-    if fc.fit.has_asymptote:  # a power law has no asymptote to bound, its A is not a ceiling
-        a_lo, a_hi = fc.interval("A")
-        edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
-        if (a_lo <= edges[0] + 1e-9 and open_side != "lower") or (a_hi >= edges[1] - 1e-9 and open_side != "upper"):
-            why.append(
-                f"{name}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
-            )
-    return why
-
-
-def _label(
-    variant: Forecast, baseline: Forecast, budget: float, bb: float, margin: float, level: float
-) -> tuple[str, float, float, float]:
-    """The call from two forecasts' draws of the mean curve (paired where they come from one
-    simulated campaign). Where the draws centre off the point difference, its interval spans both
-    readings of them: as they are, widened to hold the point (``interval_holding``), and moved onto
-    it; a call needs both (widened alone, the draws of a slower variant centred below its point
-    called "worse" where the moved ones did not)."""
-    v = variant.mean_draws([budget])[:, 0]
-    b = baseline.mean_draws([bb])[:, 0]
-    n = min(len(v), len(b))
-    d = v[:n] - b[:n]
-    delta = float(variant.point([budget])[0] - baseline.point([bb])[0])
-    lo, hi = interval_holding(d, delta, level)
-    moved = np.percentile(d - np.median(d) + delta, central_percentiles(level))
-    lo, hi = min(lo, float(moved[0])), max(hi, float(moved[1]))
-    if hi < -margin:
-        return "worse", delta, lo, hi
-    if lo > margin:
-        return "better", delta, lo, hi
-    if -margin <= lo and hi <= margin:
-        return "no difference", delta, lo, hi
-    return "cannot tell yet", delta, lo, hi
-
-
-def _backed(
-    call: Call, variant: Forecast, baseline: Forecast, budget: float, bb: float, margin: float, level: float
-) -> Call:
-    """``call`` where the variant's own data back it, else "cannot tell yet" saying why: a call made
-    past the data from the joint fit stands when the variant is predictable or when the two fits,
-    each alone, make the same call with their asymptotes bounded (the campaign's prior on B narrows
-    B's draws, and bounds A through it, before a slower variant's B has diverged)."""
-    verdict = getattr(variant, "verdict", None)
-    if call.label not in DECIDED or (verdict is not None and verdict.predictable):
-        return call
-    if not (_extrapolates(variant, budget) or _extrapolates(baseline, bb)):
-        return call
-    own_v, own_b = own_forecast(variant), own_forecast(baseline)
-    if own_v is variant and own_b is baseline:  # nothing was pooled: the call is the own fits' already
-        return call
-    pooled = f"the joint fit says {call.text(margin)}"
-    side = {"worse": ("lower", "upper"), "better": ("upper", "lower")}.get(call.label, ("", ""))
-    why = _unsupported("the variant's own fit", own_v, budget, side[0])
-    why += _unsupported("the baseline's own fit", own_b, bb, side[1])
-    if why:
-        prefix = "the variant's own fit does not back it"
-        if any("asymptote" in w for w in why):
-            prefix = UNSEPARATED.get(call.label, prefix)
-        return Call("cannot tell yet", call.delta, call.lo, call.hi, f"{prefix}: {'; '.join(why)}; {pooled}")
-    own = Call(*_label(own_v, own_b, budget, bb, margin, level))
-    if own.label != call.label:
-        reason = f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}"
-        return Call("cannot tell yet", call.delta, call.lo, call.hi, reason)
-    return call
-
-
-def call_difference(
-    variant: PooledForecast,
-    baseline: PooledForecast,
-    budget: float,
-    baseline_budget: float | None = None,
-    *,
-    margin: float = DEFAULT_MARGIN,
-    level: float = 0.95,
-) -> Call:
-    """worse / better when the whole interval of the mean-curve difference at the budget is beyond
-    ∓margin, no difference when it is inside ±margin, else cannot tell yet. No call from a curve
-    with no band or not identified, nor, at a budget past its fitted data (an extrapolation),
-    from one whose campaign has not checked its extrapolations (``MIN_BACKTESTS`` backtests past
-    the knee) or whose asymptote A the resamples do not bound (its interval reaches the grid's
-    edge): such a difference is the fit's guess, not the data's. Past the data, a call from the
-    joint fit also needs the variant's own data to back it (``_backed``)."""
-    pair = (("variant", variant), ("baseline", baseline))
-    why = [f"{n} has no band ({fc.no_band[0]})" for n, fc in pair if getattr(fc, "no_band", None)]
-    bb = budget if baseline_budget is None else baseline_budget
-    for (n, fc), at in zip(pair, (budget, bb), strict=True):
-        if not getattr(fc, "no_band", None):
-            why += _unsupported(n, fc, at)
-    if why:
-        return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
-    call = Call(*_label(variant, baseline, budget, bb, margin, level))
-    return _backed(call, variant, baseline, budget, bb, margin, level)
 
 
 def fit_and_forecast_campaign(
     curves,
+    settings: FitSettings | None = None,
     *,
-    pooling: str = "partial",
     fit_upto=None,
-    exclude_below=None,
-    a_grid=None,
     target=None,
-    level: float = DEFAULT_LEVEL,
-    eval_prompts: int | None = None,
-    margin: float = DEFAULT_MARGIN,
     n_resamples: int = 1000,
-    windows: tuple[int, ...] = (1, 3),
     backtest: bool = True,
 ) -> tuple[CampaignFit, dict[str, PooledForecast]]:
-    """``fit_campaign`` then ``forecast_campaign``: the joint model of a campaign in one call."""
+    """``fit_campaign`` then ``forecast_campaign``: the joint model of a campaign in one call, with
+    ``settings``' pooling, ``exclude_below`` and A grid (None: ``FitSettings()`` and the model's own grid)."""
+    s = settings or FitSettings()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cfit = fit_campaign(curves, pooling=pooling, fit_upto=fit_upto, exclude_below=exclude_below, a_grid=a_grid)
-    fcs = forecast_campaign(
-        cfit,
-        level=level,
-        target=target,
-        margin=margin,
-        eval_prompts=eval_prompts,
-        n_resamples=n_resamples,
-        windows=windows,
-        backtest=backtest,
-    )
-    return cfit, fcs
+        cfit = fit_campaign(
+            curves,
+            pooling=s.pooling,
+            fit_upto=fit_upto,
+            exclude_below=s.exclude_below,
+            a_grid=s.a_values if settings is not None else None,
+        )
+    return cfit, forecast_campaign(cfit, s, target=target, n_resamples=n_resamples, backtest=backtest)
+
+
+def forecast_variants(
+    curves, settings: FitSettings, *, fit_upto=None, target=None, n_resamples: int = 1000
+) -> CampaignForecast:
+    """Every variant of a campaign fitted and forecast as ``settings.pooling`` says: jointly
+    (``partial``: ``fit_and_forecast_campaign``) or each on its own (``none``: ``fit_and_forecast``,
+    with ``settings.model``). ``curves``: variant -> (compute, value, runs); ``fit_upto`` and
+    ``target``: one per variant (missing: all of its points; 2x its fitted compute)."""
+    upto, goal = fit_upto or {}, target or {}
+    if settings.pooling == "partial":
+        cfit, fcs = fit_and_forecast_campaign(
+            curves, settings, fit_upto=fit_upto, target=target, n_resamples=n_resamples
+        )
+        return CampaignForecast(dict(cfit.fits), dict(fcs), dict(cfit.failed), cfit.describe())
+    fits, fcs, failed = {}, {}, {}
+    for v, (c, y, runs) in curves.items():
+        try:
+            fits[v], fcs[v] = fit_and_forecast(
+                c, y, settings, runs=runs, fit_upto=upto.get(v), target=goal.get(v), n_resamples=n_resamples
+            )
+        except FitError as e:
+            failed[v] = str(e)
+    how = "pooling none: each variant fitted on its own"
+    if settings.model != "sigmoid":
+        how += f"; fit model {settings.model.replace('_', ' ')}"
+    return CampaignForecast(fits, fcs, failed, how)

@@ -18,7 +18,7 @@ import numpy as np
 
 from scalefit.curve import power_law
 from scalefit.errors import FitError
-from scalefit.fit import MIN_POINTS, _run_labels, check_curve
+from scalefit.fit import MIN_POINTS, check_curve, run_labels
 from scalefit.lm import batched_lm
 from scalefit.model import CurveFit, CurveModel
 
@@ -119,7 +119,7 @@ class PowerLawModel(CurveModel):
 
     def fit(self, compute, values, runs=None) -> PowerLawModel:
         c_all, v_all = check_curve(compute, values)
-        runs_all = np.zeros(len(c_all), dtype=int) if runs is None else _run_labels(runs, len(c_all))
+        runs_all = np.zeros(len(c_all), dtype=int) if runs is None else run_labels(runs, len(c_all))
         keep = c_all > 0
         if self.exclude_below is not None:
             keep &= c_all >= self.exclude_below

@@ -19,7 +19,7 @@ import numpy as np
 
 from scalefit.errors import FitError
 from scalefit.fit import SigmoidFit
-from scalefit.forecast import _series
+from scalefit.forecast import run_series
 from scalefit.unstable import flagged, typical_scale
 
 P_GRID = np.linspace(0.0, 1.0, 401)
@@ -29,7 +29,7 @@ TREND_FROM = 0.25  # the variance line is fitted over the last three quarters of
 def _aligned(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray] | None:
     """The computes every run of the fit has, and each run's values there (runs x computes)."""
     c_all, v_all = fit.inputs
-    series = _series(fit)
+    series = run_series(fit)
     common = c_all[series[0]]
     for idx in series[1:]:
         common = np.intersect1d(common, c_all[idx])
@@ -133,7 +133,7 @@ def deviation_pool(fits: dict[str, SigmoidFit]) -> DeviationPool:
         c_all, v_all = f.inputs
         c_fit = float(f.compute.max())
         n = max(f.n_points, 5)
-        for idx in _series(f):
+        for idx in run_series(f):
             pos.append(c_all[idx] / c_fit)
             dev.append((v_all[idx] - f.predict(c_all[idx])) * np.sqrt(n / (n - 3)))
             dof += 1

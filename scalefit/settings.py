@@ -20,7 +20,8 @@ from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.grids import parse_grid
 from scalefit.models import MODEL_NAMES
-from scalefit.pooled import POOLING
+
+POOLING = ("partial", "none")  # fit.pooling: the variants fitted jointly, or each on its own
 
 
 @dataclass(frozen=True)

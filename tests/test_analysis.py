@@ -11,6 +11,7 @@ import pytest
 
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
 from runners.contract import MEAN_AT_16
+from runners.ops.campaign import fit_settings as S  # a campaign's fit: section, parsed as load_campaign parses it
 from scalefit.curve import sigmoid
 from scalefit.synthetic import synthetic_curve
 from tests.conftest import empty_store
@@ -40,7 +41,7 @@ def curves(spec: dict[str, tuple[float, float, float]], seeds=(0, 1), c_max=16_0
 
 def test_loo_table_verdicts_follow_the_papers_rule():
     df = curves({"baseline": (2542, 1.92, 0.61), "loss=worse": (2542, 1.92, 0.52), "agg=same": (2542, 1.92, 0.61)})
-    table, extra = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005", "exclude_below": 1500}, n_boot=200)
+    table, extra = fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005", "exclude_below": 1500}), n_boot=200)
     t = table.set_index("variant")
     assert abs(t.loc["baseline", "A"] - 0.61) <= 0.015 and t.loc["baseline", "seeds"] == 2  # auto C_mid grid
     assert t.loc["baseline", "A_seed_half_range"] <= 0.02
@@ -61,13 +62,13 @@ def test_a_published_curves_csv_reads_back_as_the_store_gave_it(tmp_path):
     df.insert(0, "run", df["variant"] + "/seed" + df["seed"].astype(str))
     path = tmp_path / "curves.csv"
     df.to_csv(path, index=False)
-    fit = {"x": X, "a_grid": "0.30:0.90:0.005"}
+    fit = S({"x": X, "a_grid": "0.30:0.90:0.005"})
     back = read_curves(path, fit)
     assert back["axis"].tolist() == df["axis"].tolist()
     table, _ = fit_table(back, fit, n_boot=100)
     assert table.set_index("variant").loc["baseline", "axis"] == "—"
     with pytest.raises(ValueError, match=r"missing column\(s\) 'compute/samples'"):
-        read_curves(path, {"x": "compute/samples"})
+        read_curves(path, S({"x": "compute/samples"}))
     with pytest.raises(ValueError, match="no such file"):
         read_curves(tmp_path / "nope.csv", fit)
     pd.concat([df, df]).to_csv(tmp_path / "twice.csv", index=False)  # every point would count double
@@ -134,7 +135,7 @@ def test_unfittable_variant_is_reported_not_raised():
     df = curves({"baseline": (2542, 1.92, 0.61)})
     flat = df.copy()
     flat["variant"], flat["val/mean_at_16"] = "ppo=on", 0.30
-    table, _ = fit_table(pd.concat([df, flat]), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(pd.concat([df, flat]), S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     note = table.set_index("variant").loc["ppo=on", "note"]
     assert "no sigmoid gain" in note
 
@@ -143,7 +144,7 @@ def test_a_seed_too_flat_to_fit_alone_keeps_its_variant_in_the_table():
     df = curves({"baseline": (2542, 1.92, 0.61), "think=short": (2542, 1.92, 0.50)})
     flat_seed = (df["variant"] == "think=short") & (df["seed"] == 1)
     df.loc[flat_seed, "val/mean_at_16"] = df.loc[flat_seed, "val/mean_at_16"].iloc[0]  # seed 1 never moves
-    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     row = table.set_index("variant").loc["think=short"]
     assert np.isfinite(row["A"]) and "no per-seed A spread: no sigmoid gain" in row["note"]
 
@@ -152,7 +153,7 @@ def test_loo_verdict_cannot_decide_at_the_grid_edge_or_when_not_predictable():
     df = curves({"baseline": (2542, 1.92, 0.61), "edge=up": (2542, 1.92, 0.95)})
     early = curves({"early=stop": (9000, 1.92, 0.70)}, c_max=4_000.0)  # stopped long before its knee
     early["variant"] = "early=stop"
-    table, _ = fit_table(pd.concat([df, early]), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(pd.concat([df, early]), S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     t = table.set_index("variant")
     assert t.loc["edge=up", "verdict"].startswith("cannot decide") and "edge of its grid" in t.loc["edge=up", "verdict"]
     assert t.loc["early=stop", "verdict"].startswith("cannot decide")
@@ -166,14 +167,14 @@ def test_identical_curves_are_flagged_not_judged():
     twin = df.copy()
     twin["variant"], twin["axis"] = "fp32=off", "fp32"
     twin[X] = twin[X] * 1.7  # same learning curve, a slower machine
-    table, _ = fit_table(pd.concat([df, twin]), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(pd.concat([df, twin]), S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     row = table.set_index("variant").loc["fp32=off"]
     assert row["identical_to_baseline"] and row["verdict"].startswith("identical mean@16 to the baseline")
 
 
 def test_extrapolation_check_predicts_a_clean_curve_from_its_first_half_only():
     df = curves({"baseline": (2542, 1.92, 0.61)}, c_max=32_000.0)
-    fit = {"x": X, "a_grid": "0.30:0.90:0.005", "level": 0.9}
+    fit = S({"x": X, "a_grid": "0.30:0.90:0.005", "level": 0.9})
     ex = extrapolation_check(df, fit, n_boot=100).iloc[0]
     truth = float(sigmoid(np.array([32_000.0]), 0.61, 1.92, 2542, 0.30)[0])
     assert abs(ex["predicted"] - truth) <= 0.02 and ex["band_lo"] <= truth <= ex["band_hi"]
@@ -194,17 +195,17 @@ def test_extrapolation_check_with_few_evaluations_fits_the_share_that_holds_a_fi
     df = curves({"baseline": (2542, 1.92, 0.61)}, seeds=(0,))
     seven = df[df["step"] % 13 == 0].head(7)
     assert (seven[X] > 0).sum() == 6
-    ex = extrapolation_check(seven, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50).iloc[0]
+    ex = extrapolation_check(seven, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=50).iloc[0]
     assert ex["fit_share"] == pytest.approx(seven[X].iloc[4] / seven[X].iloc[-1])  # the 4th point past zero
     assert np.isfinite(ex["predicted"]) and ex["band_lo"] <= ex["predicted"] <= ex["band_hi"]
-    few = extrapolation_check(seven.head(5), {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50).iloc[0]
+    few = extrapolation_check(seven.head(5), S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=50).iloc[0]
     assert "no check: 4 evaluation(s)" in few["note"] and pd.isna(few["fit_share"])
 
 
 def test_unknown_fit_key_is_refused_with_a_suggestion():
     df = curves({"baseline": (2542, 1.92, 0.61)})
     with pytest.raises(ValueError, match="did you mean 'fit.margin'"):
-        fit_table(df, {"x": X, "margn": 0.02})
+        fit_table(df, S({"x": X, "margn": 0.02}))  # refused where the campaign loads: S is fit_settings
 
 
 # --- run reports: anomaly detection on known series ---------------------------------------
@@ -280,7 +281,7 @@ def test_a_spliced_run_whose_compute_goes_backwards_is_not_fitted():
     df = curves({"baseline": (2542, 1.92, 0.61), "fp32=off": (2542, 1.92, 0.61)})
     bad = (df["variant"] == "fp32=off") & (df["seed"] == 1) & (df["step"] >= 40)
     df.loc[bad, X] = df.loc[bad, X] - 9000.0  # a restart from step 0 logged into the same run
-    table, extra = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, extra = fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     note = table.set_index("variant").loc["fp32=off", "note"]
     assert "goes backwards" in note and "seed 1" in note and "fp32=off" not in extra["fits"]
 
@@ -321,11 +322,11 @@ def test_one_bad_point_is_left_out_by_name_and_spoils_no_other_curve():
 def test_a_curve_with_every_point_bad_is_named_and_the_others_fit():
     df = curves({"baseline": (2542, 1.92, 0.61), "lr=nan": (2542, 1.92, 0.61)})
     df.loc[df["variant"] == "lr=nan", MEAN_AT_16] = np.nan
-    t = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50)[0].set_index("variant")
+    t = fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=50)[0].set_index("variant")
     assert not np.isnan(t.loc["baseline", "A"])
     assert t.loc["lr=nan", "note"].startswith("no fit: every point is bad; 162 bad point(s) left out: lr=nan/seed0")
     with pytest.raises(ValueError, match="no evaluation to fit: every point is bad"):
-        fit_table(df[df["variant"] == "lr=nan"], {"x": X}, n_boot=50)
+        fit_table(df[df["variant"] == "lr=nan"], S({"x": X}), n_boot=50)
 
 
 def test_a_curves_file_without_rows_is_one_line(tmp_path, cli):
@@ -394,7 +395,7 @@ def test_run_report_flags_compute_that_goes_backwards():
 def test_fitting_against_wall_clock_warns_about_shared_machines():
     df = curves({"baseline": (2542, 1.92, 0.61)})
     with pytest.warns(UserWarning, match="wall-clock time: on a shared or loaded machine"):
-        fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=50)
+        fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=50)
 
 
 def test_measured_at_the_budget_separates_what_the_seeds_resolve():
@@ -416,7 +417,7 @@ def test_measured_at_the_budget_separates_what_the_seeds_resolve():
     one = measured_at_budget(df[df["seed"] == 0], X, margin=0.02)
     assert one["measured"].str.startswith("one seed each").all() and one["measured_lo"].isna().all()
     # and the LOO table carries it
-    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     assert table.set_index("variant").loc["lr=slow", "measured"].startswith("worse")
     assert "measured at the budget" in to_markdown(table)
 
@@ -430,7 +431,7 @@ def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_h
     assert half["budget"] == pytest.approx(20_000.0, rel=0.01)
     assert half["measured"].startswith("worse") and half["measured_hi"] < -0.02
     assert full["measured_delta"] > half["measured_delta"] + 0.02
-    table, _ = fit_table(df, {"x": X, "a_grid": "0.30:0.90:0.005"}, n_boot=100)
+    table, _ = fit_table(df, S({"x": X, "a_grid": "0.30:0.90:0.005"}), n_boot=100)
     assert table.set_index("variant").loc["lr=half", "half_measured"].startswith("worse")
     assert "| measured at half the budget |" in to_markdown(table)
 

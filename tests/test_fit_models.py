@@ -24,7 +24,7 @@ def test_the_loo_path_runs_with_each_model(tmp_path: Path, model: str):
     """write_fit (what `analysis fit --curves` runs) on a synthetic two-variant campaign: the table's
     parameter columns are the model's own, and the fit to the first half predicts the budget."""
     df = curves({"baseline": (2542, 1.92, 0.61), "loss=worse": (2542, 1.92, 0.52)})
-    settings = {"x": X, "a_grid": "0.30:1.0:0.005", "model": model, "pooling": "none"}
+    settings = fit_settings({"x": X, "a_grid": "0.30:1.0:0.005", "model": model, "pooling": "none"})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fit.x is wall-clock here: its warning is not under test
         write_fit(df, tmp_path, settings)

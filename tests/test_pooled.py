@@ -14,9 +14,9 @@ from runners.ops.campaign import CampaignError, fit_settings
 from scalefit import fit_sigmoid, forecast
 from scalefit.curve import sigmoid
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.forecast import Backtest
 from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import MIN_BACKTESTS, call_difference, forecast_campaign
+from scalefit.pooled_forecast import forecast_campaign
+from scalefit.prediction import MIN_BACKTESTS, Backtest, call_difference
 from scalefit.synthetic import campaign_runs
 
 A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
@@ -168,8 +168,8 @@ def test_the_loo_table_says_which_fit_it_used_and_pooling_none_keeps_the_per_var
     df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
     df = df.rename(columns={"compute": "compute/samples", "value": MEAN_AT_16}).assign(axis="loss")
     settings = {"a_grid": "0.30:0.95:0.005"}
-    pooled, _ = fit_table(df, settings, n_boot=60)
-    alone, extra = fit_table(df, {**settings, "pooling": "none"}, n_boot=60)
+    pooled, _ = fit_table(df, fit_settings(settings), n_boot=60)
+    alone, extra = fit_table(df, fit_settings({**settings, "pooling": "none"}), n_boot=60)
     assert to_markdown(pooled).startswith("Fit: pooling partial: B pooled over 3 variants")
     assert to_markdown(alone).startswith("Fit: pooling none")
     assert pooled.set_index("variant")["pooled"].str.startswith("pooled (campaign B").all()
@@ -275,7 +275,7 @@ def test_recorded_half_budget_calls_hold_a_slower_variant_back_and_keep_a_clear_
     from analysis.loo import campaign_model
 
     curves = pd.read_csv(Path(__file__).resolve().parents[1] / "results" / study / "curves.csv")
-    half = campaign_model(curves, None, 300, fraction=0.5)
+    half = campaign_model(curves, fit_settings(None), 300, fraction=0.5)
     base = half.forecasts["baseline"]
 
     def call(v: str):

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalefit import FitError, fit_sigmoid, forecast
+from scalefit import FitError, fit_sigmoid, forecast, prediction
 from scalefit.cli import read_curves
 from scalefit.synthetic import TABLE1, realistic_runs, synthetic_curve
 from tests.scale_cases import run_measured, seeds_csv
@@ -109,7 +109,7 @@ def test_bands_over_many_compute_values_are_computed_in_chunks(monkeypatch):
     fc = forecast(fit, n_resamples=100, backtest=False)
     grid = np.linspace(1_000.0, 32_000.0, 50)
     c_whole, p_whole = fc.confidence_band(grid), fc.prediction_band(grid)
-    monkeypatch.setattr(fc_mod, "BAND_CHUNK_FLOATS", 4000 * 7)  # 7 compute values per chunk
+    monkeypatch.setattr(prediction, "BAND_CHUNK_FLOATS", 4000 * 7)  # 7 compute values per chunk
     c_chunked, p_chunked = fc.confidence_band(grid), fc.prediction_band(grid)
     assert all(np.array_equal(a, b) for a, b in zip(c_whole, c_chunked, strict=True))  # no randomness: equal
     assert all(np.allclose(a, b, atol=0.005) for a, b in zip(p_whole, p_chunked, strict=True))

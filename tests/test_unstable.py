@@ -12,9 +12,11 @@ import pandas as pd
 import pytest
 
 from runners.contract import MEAN_AT_16
+from runners.ops.campaign import fit_settings
 from scalefit import unstable
 from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import call_difference, forecast_campaign
+from scalefit.pooled_forecast import forecast_campaign
+from scalefit.prediction import call_difference
 from scalefit.synthetic import campaign_runs
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -88,7 +90,7 @@ def test_the_loo_table_and_summary_name_the_collapse_and_keep_the_verdicts(tmp_p
     from analysis.summary import WIDTH, summary
 
     df = _campaign()
-    settings = {"a_grid": "0.30:0.95:0.005"}
+    settings = fit_settings({"a_grid": "0.30:0.95:0.005"})
     clean, _ = fit_table(df, settings, n_boot=200)
     hit, _ = fit_table(_collapse(df), settings, n_boot=200)
     cols = ["variant", "predictable", "call", "half_call"]
@@ -118,7 +120,7 @@ def test_the_plot_draws_the_flagged_evaluation_it_left_out_of_the_fit(tmp_path, 
     saved, save = [], Figure.savefig
     monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])
     df = _collapse(_campaign())
-    settings = {"a_grid": "0.30:0.95:0.005"}
+    settings = fit_settings({"a_grid": "0.30:0.95:0.005"})
     _, extra = fit_table(df, settings, n_boot=60)
     assert plot_campaign(df, extra, tmp_path / "loo_curves.png", settings).is_file()
     (ax,) = saved[0].axes

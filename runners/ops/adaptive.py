@@ -42,8 +42,8 @@ from runners.ops import store
 from runners.ops.campaign import Adaptive, X
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
 from scalefit.decide import error_name
-from scalefit.grids import parse_grid
 from scalefit.pooled_forecast import fit_and_forecast_campaign
+from scalefit.settings import FitSettings
 
 PER_VARIANT = "pooling none: each variant fitted on its own"  # as the LOO table's fit_model column says
 
@@ -61,21 +61,26 @@ def reached(curves: pd.DataFrame, name: str, fraction: float, budget: float, n_r
     return n > 0 and g[g[X] >= fraction * budget * (1 - 1e-9)]["seed"].nunique() == n
 
 
+def decision_settings(cfg: Adaptive) -> FitSettings:
+    """The fit settings a decision fits with: the campaign's ``fit:`` section as ``Adaptive`` carries
+    it (parsed when the campaign loaded), with the adaptive margin; every point kept (no ``exclude_below``)."""
+    return FitSettings(
+        model=cfg.model,
+        a_grid=cfg.a_grid,
+        margin=cfg.margin,
+        level=cfg.level,
+        eval_prompts=cfg.eval_prompts,
+        pooling=cfg.pooling,
+        last_k=cfg.last_k,
+    )
+
+
 def forecast_at(curves: pd.DataFrame, name: str, fraction: float, budget: float, cfg: Adaptive):
     """A variant's forecast (fitted alone) to its budget from its points up to ``fraction`` of it;
     raises ``FitError`` when they cannot be fitted yet."""
     g = upto(curves, name, fraction, budget)
-    _, fc = fit_and_forecast(
-        g[X],
-        g[MEAN_AT_16],
-        runs=g["seed"],
-        a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
-        target=budget,
-        eval_prompts=cfg.eval_prompts,
-        margin=cfg.margin,
-        n_resamples=cfg.n_resamples,
-        model=cfg.model,
-    )
+    settings = decision_settings(cfg)
+    _, fc = fit_and_forecast(g[X], g[MEAN_AT_16], settings, runs=g["seed"], target=budget, n_resamples=cfg.n_resamples)
     return fc
 
 
@@ -89,15 +94,10 @@ def joint_at(curves: pd.DataFrame, variants: Iterable[str], fraction: float, bud
         data[v] = (g[X].to_numpy(float), g[MEAN_AT_16].to_numpy(float), g["seed"].to_numpy())
     return fit_and_forecast_campaign(
         data,
-        pooling="partial",
+        decision_settings(cfg),
         fit_upto={v: fraction * budgets[v] for v in order},
-        a_grid=parse_grid(cfg.a_grid, name="fit.a_grid", kind="step"),
         target={v: budgets[v] for v in order},
-        level=cfg.level,
-        eval_prompts=cfg.eval_prompts,
-        margin=cfg.margin,
         n_resamples=cfg.n_resamples,
-        windows=tuple(sorted({1, cfg.last_k})),
     )
 
 

@@ -1,0 +1,542 @@
+"""The forecast interface: what every forecast answers, and what is written once for all of them.
+
+``Forecast`` is the base of every forecast: a variant fitted alone (``scalefit.forecast.SingleForecast``,
+any curve model) and a variant of a campaign's joint fit (``scalefit.pooled_forecast.PooledForecast``).
+Comparisons, plots, stop decisions, adaptive campaigns and the LOO table read either through it and
+never ask which one they hold. Every forecast answers:
+
+- **bands**: ``confidence_band`` (the mean curve), ``prediction_band`` (a new evaluation) and
+  ``target_band`` (the mean of k runs' evaluations at a target, or of their last ``w``:
+  ``mean_windows``), with the draws behind them (``mean_draws``, ``prediction_draws``, ``target_draws``);
+- ``interval(param)``, ``expected_error`` (at its own target) and ``expected_error_at``;
+- ``backtests`` and the ``calibration`` they set; ``verdict`` (``judge``);
+- ``call_difference``: a variant against the baseline at a budget (``Call``); ``own()``: the
+  forecast from the variant's own data alone, which a call past the data must agree with.
+
+``CampaignForecast`` is the result a campaign's fit gives, whichever model made it.
+
+Written once, here: the backtest record (``Backtest``), which later point a backtest from an origin
+scores (``backtest_target``) and how (``score_backtest``), the bands' ``calibration``, the
+``Verdict`` and its ladder (``Forecast.judge``: each model's checks are its hooks ``doubts``,
+``error_doubt``, ``structure_doubts``) and the call. What really differs between the models is
+declared on each class, once: ``max_backtests``, ``backtest_resamples``, ``paired`` (resample i of
+every variant comes from one simulated campaign) and ``error_name``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from scalefit.defaults import DEFAULT_MARGIN
+from scalefit.model import CurveFit
+from scalefit.uncertainty import central_percentiles, interval_holding
+
+DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
+CALIBRATION_PRIOR = 2.0  # weight of "the model's own band is right" against the backtests
+MIN_BACKTESTS = 2  # a prediction no two backtests checked is not predictable, and carries no call past the data
+STRUCTURE_Z = 3.0  # the latest third of the points this many standard errors off the curve: structure
+PREDICTION_DRAWS = 4000
+BAND_CHUNK_FLOATS = 2_000_000  # draws x compute values per chunk of a band
+UNSEPARATED = {"worse": "slower or lower", "better": "faster or higher"}  # what an open ceiling leaves open
+DECIDED = ("worse", "no difference", "better")
+
+
+@dataclass
+class NoiseModel:
+    """Deviation of each run from the mean curve: AR(1) over successive evaluations."""
+
+    sigma: float  # marginal standard deviation of one evaluation around the mean curve
+    phi: float  # lag-1 correlation between successive evaluations of one run
+    dof: int  # residual degrees of freedom behind sigma
+    sigma_eval: float | None  # the evaluation's own sampling sd, when its size is known
+    n_runs: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sigma": self.sigma,
+            "phi": self.phi,
+            "dof": self.dof,
+            "sigma_eval": self.sigma_eval,
+            "n_runs": self.n_runs,
+        }
+
+
+@dataclass
+class Backtest:
+    """One rolling-origin backtest: fitted up to ``origin``, scored on a later fitted point."""
+
+    origin: float
+    target: float  # the farthest scored point (ratio <= the question's)
+    predicted: float
+    observed: float
+    sd: float  # the prefix model's prediction sd at the target
+    ratio: float = DEFAULT_RATIO  # the question's extrapolation ratio
+    n_runs: int = 1  # the observation is the mean of this many runs' evaluations (its noise is sigma^2 / k)
+
+    @property
+    def error(self) -> float:
+        return self.predicted - self.observed
+
+    @property
+    def reach_factor(self) -> float:
+        """How much farther the question looks than this backtest could: extrapolation error grows
+        with the distance in log-compute, so a backtest that looked 1.5x ahead for a 2x question
+        counts log 2 / log 1.5 times its error (never less than once)."""
+        return max(float(np.log(self.ratio) / np.log(self.target / self.origin)), 1.0)
+
+    @property
+    def scaled_error(self) -> float:
+        """The error carried to the question's ratio."""
+        return self.error * self.reach_factor
+
+    @property
+    def z(self) -> float:
+        return self.error / self.sd if self.sd > 0 else np.inf
+
+
+def backtest_target(compute: np.ndarray, origin: float, ratio: float, gap: float = 1e-9) -> float | None:
+    """The point a backtest from ``origin`` scores: the farthest of ``compute`` within ``ratio`` x
+    the origin, if it looks at least sqrt(ratio) ahead (half the question's distance in
+    log-compute); None when none does. ``gap``: how far past the origin a point must lie."""
+    ahead = compute[(compute > origin * (1 + gap)) & (compute <= origin * ratio * (1 + 1e-9))]
+    if not len(ahead) or ahead.max() < origin * np.sqrt(ratio) * (1 - 1e-9):
+        return None
+    return float(ahead.max())
+
+
+def score_backtest(prefix: Forecast, origin: float, compute: np.ndarray, value: np.ndarray, ratio: float) -> Backtest:
+    """``prefix`` (a forecast from the points up to ``origin``) scored on the mean of the evaluations
+    at ``backtest_target`` (one a run): its point prediction, and the sd of its draws of that mean."""
+    t = backtest_target(compute, origin, ratio)
+    at_t = value[compute == t]
+    draws = prefix.target_draws([t], len(at_t))
+    return Backtest(origin, t, float(prefix.point([t])[0]), float(at_t.mean()), float(np.std(draws)), ratio, len(at_t))
+
+
+def calibration(backtests: Iterable[Backtest]) -> float:
+    """The bands' width factor from backtests: the RMS of their standardised errors with a prior
+    weight (``CALIBRATION_PRIOR``) on "the model's own band is right"; never below 1 (backtests that
+    happen to land close cannot make a band narrower)."""
+    zs = np.array([b.z for b in backtests if np.isfinite(b.z)])
+    return max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
+
+
+def error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float | None:
+    """Compute, as a factor on ``c_fit``, where the backtest error trend (log |error| against log
+    origin) reaches the margin; None when the errors do not shrink with compute."""
+    if len(backtests) < 3:
+        return None
+    x = np.log([b.origin for b in backtests])
+    y = np.log(np.maximum([abs(b.scaled_error) for b in backtests], 1e-6))
+    slope, icpt = np.polyfit(x, y, 1)
+    if slope >= -0.05:
+        return None
+    c_needed = float(np.exp((np.log(margin) - icpt) / slope))  # the origin whose error the trend puts at the margin
+    return max(c_needed / c_fit, 1.0)
+
+
+@dataclass
+class Verdict:
+    """``predictable`` or not, every reason in numbers. ``error_only``: identified, its only flaw the
+    error against the margin; ``band_only``: that, for a model whose draws are paired across variants
+    (a comparison then reads the paired interval instead)."""
+
+    predictable: bool
+    reasons: list[str]
+    more_compute: float | None = None  # factor on the fitted compute the backtests suggest, if known
+    error_only: bool = False
+    band_only: bool = False
+
+    @property
+    def label(self) -> str:
+        return "predictable" if self.predictable else "not yet predictable"
+
+    def text(self) -> str:
+        if self.predictable:
+            return "predictable"
+        out = "not yet predictable: " + "; ".join(self.reasons)
+        if self.more_compute is not None:
+            out += (
+                f"; about {self.more_compute:.1f}x the fitted compute is likely needed before a prediction "
+                "within the margin"
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "predictable": self.predictable,
+            "reasons": list(self.reasons),
+            "more_compute": self.more_compute,
+            "error_only": self.error_only,
+        }
+
+
+@dataclass
+class Forecast(ABC):
+    """A fit with its bands, backtests and verdict (see the module docstring). Bands are ``(lo, hi)``
+    arrays at ``level``; ``no_band`` says why a forecast has none (its bands are NaN, no call)."""
+
+    fit: CurveFit
+    level: float
+    noise: NoiseModel
+    samples: np.ndarray  # (resamples, len(fit.sample_names)), e.g. A, B, C_mid, R0
+    sigma_draws: np.ndarray  # (resamples,) noise level of each resample
+    ratio: float
+    margin: float
+    backtests: list[Backtest] = field(default_factory=list)
+    calibration: float = 1.0  # the prediction band's width factor from the backtests
+    verdict: Verdict | None = None
+    seed: int = 0
+    refitted_points: int | None = None  # fitted evaluations the bootstrap refitted (fewer when thinned)
+    no_band: list[str] = field(default_factory=list)
+
+    max_backtests: ClassVar[int]  # the latest feasible origins backtested
+    backtest_resamples: ClassVar[int]  # resamples of each backtest's prefix forecast
+    paired: ClassVar[bool] = False  # resample i of every variant comes from one simulated campaign
+    error_name: ClassVar[str] = "backtest error"  # what ``expected_error`` is, in a decision's words
+
+    # -- what each model answers its own way ---------------------------------------------------------
+    @abstractmethod
+    def interval(self, param: str) -> tuple[float, float]:
+        """``param``'s interval at ``level`` from the resamples."""
+
+    @abstractmethod
+    def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
+        """Draws of a new evaluation (the mean of ``n_runs`` runs') at each compute: (draws, points)."""
+
+    @abstractmethod
+    def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
+        """Draws of the mean of ``n_runs`` runs' evaluations averaged over ``computes`` (``window``:
+        the number of evaluations averaged; a mean over several needs it in ``mean_windows``)."""
+
+    @property
+    @abstractmethod
+    def expected_error(self) -> float | None:
+        """What the prediction at the target is expected to miss by (None: no estimate)."""
+
+    @abstractmethod
+    def expected_error_at(self, computes, n_runs: int | None = None, window: int | None = None) -> float:
+        """Expected error of the prediction of the mean of ``n_runs`` runs over ``computes`` (NaN: no estimate)."""
+
+    @abstractmethod
+    def doubts(self) -> list[str]:
+        """Why the fit cannot be trusted beyond its data, in the model's order (identification, too
+        few backtests); empty when none."""
+
+    @abstractmethod
+    def error_doubt(self) -> tuple[str | None, float | None]:
+        """The reason the expected error exceeds the margin (None when it does not), and the compute
+        factor the errors' trend suggests (None: no estimate)."""
+
+    @property
+    def mean_windows(self) -> tuple[int, ...]:
+        """Numbers of successive evaluations whose mean ``target_band`` can predict (none: one evaluation)."""
+        return ()
+
+    def structure_doubts(self, design: CurveFit | None = None) -> list[str]:
+        """Residual structure the curve does not explain (``design``: the points the noise was measured on)."""
+        return []
+
+    def unchecked_extrapolation(self, name: str) -> list[str]:
+        """Why ``name``'s extrapolation is unchecked by backtests a call past the data needs (empty: checked)."""
+        return []
+
+    def own(self) -> Forecast:
+        """The forecast from this variant's own data alone (itself unless it borrowed from others)."""
+        return self
+
+    def b_tie(self, candidate: Forecast, b_candidate: float) -> str | None:
+        """How this (the baseline's) uncertainty cannot tell ``b_candidate`` (the candidate's B at the
+        shared A) from its B, as a clause of the LOO verdict; None when it can."""
+        lo, hi = self.interval("B")
+        if lo <= b_candidate <= hi:
+            return f", inside the baseline's {self.level:.0%} interval [{lo:.2f}, {hi:.2f}]"
+        return None
+
+    # -- written once --------------------------------------------------------------------------------
+    def _curves(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        c = np.atleast_1d(np.asarray(compute, float))
+        return c, self.fit.predict_batch(self.samples, c)
+
+    def _nan(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        c = np.atleast_1d(np.asarray(compute, float))
+        return np.full(len(c), np.nan), np.full(len(c), np.nan)
+
+    def point(self, compute) -> np.ndarray:
+        return self.fit.predict(np.atleast_1d(np.asarray(compute, float)))
+
+    def _by_columns(self, compute, draws: int, band: Callable) -> tuple[np.ndarray, np.ndarray]:
+        """``band(c)`` -> (lo, hi) over chunks of the compute values, at most ``BAND_CHUNK_FLOATS``
+        draws x values each (one chunk for the few values a band is usually asked at)."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        step = max(1, BAND_CHUNK_FLOATS // max(draws, 1))
+        if len(c) <= step:
+            return band(c)
+        parts = [band(c[i : i + step]) for i in range(0, len(c), step)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
+        """Where the mean curve lies (parameter uncertainty only)."""
+        if self.no_band:
+            return self._nan(compute)
+        q = central_percentiles(self.level)
+
+        def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            lo, hi = np.percentile(self._curves(c)[1], q, axis=0)
+            return lo, hi
+
+        return self._by_columns(compute, len(self.samples), band)
+
+    def mean_draws(self, compute) -> np.ndarray:
+        """Draws of the mean curve at each compute (resamples x points), widened by the backtest
+        calibration as the prediction band is: what the recipe itself reaches, not one evaluation."""
+        c, curves = self._curves(compute)
+        point = self.point(c)[None, :]
+        return point + self.calibration * (curves - point)
+
+    def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Where a new evaluation at each compute lands (parameter uncertainty + evaluation noise +
+        run-to-run deviation), calibrated by the backtests; at ``level`` (default the forecast's)."""
+        if self.no_band:
+            return self._nan(compute)
+        q = central_percentiles(self.level if level is None else level)
+        draws = len(self.samples) * max(1, -(-PREDICTION_DRAWS // len(self.samples)))
+
+        def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            lo, hi = np.percentile(self.prediction_draws(c, n_runs), q, axis=0)
+            return lo, hi
+
+        return self._by_columns(compute, draws, band)
+
+    def target_band(
+        self, computes, n_runs: int = 1, level: float | None = None, window: int | None = None
+    ) -> tuple[float, float]:
+        """The central band of ``target_draws`` at ``level`` (default the forecast's; NaN with no band)."""
+        if self.no_band:
+            return np.nan, np.nan
+        draws = self.target_draws(computes, n_runs, window)
+        lo, hi = np.percentile(draws, central_percentiles(level or self.level))
+        return float(lo), float(hi)
+
+    def judge(self, design: CurveFit | None = None) -> Verdict:
+        """The verdict: no band, or the model's doubts, then its error against the margin, then
+        residual structure; each reason in numbers, with the compute likely needed where known."""
+        if self.no_band:
+            return Verdict(False, ["no band: " + "; ".join(self.no_band)])
+        reasons = self.doubts()
+        identified = not reasons
+        more = [m for m in (self.fit.more_compute(),) if m is not None]
+        error, trend = self.error_doubt()
+        if error is not None:
+            reasons.append(error)
+        if trend is not None:
+            more.append(trend)
+        reasons += self.structure_doubts(design)
+        error_only = identified and error is not None and len(reasons) == 1
+        more_compute = max(more) if more and reasons else None
+        return Verdict(not reasons, reasons, more_compute, error_only, error_only and self.paired)
+
+    def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
+        """Point prediction and both bands at each compute value (with the observation, if given)."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        p = self.point(c)
+        clo, chi = self.confidence_band(c)
+        plo, phi = self.prediction_band(c, n_runs)
+        rows = []
+        for i in range(len(c)):
+            row = {
+                "compute": float(c[i]),
+                "predicted": float(p[i]),
+                "confidence_band": [float(clo[i]), float(chi[i])],
+                "prediction_band": [float(plo[i]), float(phi[i])],
+            }
+            if observed is not None:
+                o = float(np.atleast_1d(observed)[i])
+                row.update(observed=o, error=float(p[i] - o), in_prediction_band=bool(plo[i] <= o <= phi[i]))
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "level": self.level,
+            "n_resamples": len(self.samples),
+            "refitted_points": self.refitted_points,
+            "noise": self.noise.to_dict(),
+            "ratio": self.ratio,
+            "calibration": self.calibration,
+            "expected_error": self.expected_error,
+            "backtests": [
+                {
+                    "origin": b.origin,
+                    "target": b.target,
+                    "predicted": b.predicted,
+                    "observed": b.observed,
+                    "error": b.error,
+                    "error_at_ratio": b.scaled_error,
+                }
+                for b in self.backtests
+            ],
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+        }
+        for p in self.fit.param_names:
+            out[f"{p}_interval"] = list(self.interval(p))
+        f = self.fit
+        if len(f.heldout_compute):
+            out["heldout"] = self.at(f.heldout_compute, f.heldout_value)
+        return out
+
+
+@dataclass
+class CampaignForecast:
+    """Every variant of a campaign fitted and forecast by one model, jointly or each alone: the
+    result every campaign fit gives (``scalefit.pooled_forecast.forecast_variants``), as lmfit's
+    ``ModelResult`` is every model's."""
+
+    fits: dict[str, CurveFit]
+    forecasts: dict[str, Forecast]
+    failed: dict[str, str]  # variant -> why it has no fit
+    description: str  # how the campaign was fitted, in one line
+
+
+# -- the call: a variant against the baseline at a budget, for every forecast ---------------------------
+@dataclass
+class Call:
+    """A variant against the baseline at a budget, from the two forecasts' draws of the mean curve."""
+
+    label: str  # worse | no difference | better | cannot tell yet
+    delta: float  # predicted mean-curve difference, variant - baseline
+    lo: float
+    hi: float
+    reason: str = ""
+
+    def text(self, margin: float) -> str:
+        for which in UNSEPARATED.values():
+            if self.label == "cannot tell yet" and self.reason.startswith(which + ": "):
+                return f"{which}: cannot tell yet ({self.reason[len(which) + 2 :]})"
+        if self.label == "cannot tell yet" and self.reason:
+            return f"cannot tell yet: {self.reason}"
+        return f"{self.label}: Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
+
+
+def against_margin(lo: float, hi: float, margin: float) -> str | None:
+    """Where an interval of a difference (variant - baseline) lies against ±margin: ``worse`` (all
+    below -margin), ``better`` (all above +margin), ``within`` (inside it), or None (it straddles an
+    edge: not resolved). The one ladder every call and every measured comparison reads."""
+    if hi < -margin:
+        return "worse"
+    if lo > margin:
+        return "better"
+    if -margin <= lo and hi <= margin:
+        return "within"
+    return None
+
+
+def extrapolates(fc: Forecast, at: float) -> bool:
+    """Whether ``at`` lies past the forecast's fitted data."""
+    return at > float(fc.fit.compute.max()) * (1 + 1e-9)
+
+
+def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list[str]:
+    """Why ``fc`` cannot carry a call at ``at`` (empty when it can): not identified, or, past its
+    fitted data, an extrapolation unchecked by backtests (``Forecast.unchecked_extrapolation``) or
+    whose asymptote it does not bound. ``open_side`` ("lower" / "upper"): the grid edge A may reach
+    without overturning the call (a variant called better whose ceiling may be higher still);
+    clipped there, its draws only understate the difference."""
+    if fc.fit.not_identified:
+        return [f"{name}'s fit is not identified"]
+    if not extrapolates(fc, at):
+        return []
+    why = fc.unchecked_extrapolation(name)
+    if fc.fit.has_asymptote:  # a power law has no asymptote to bound, its A is not a ceiling
+        a_lo, a_hi = fc.interval("A")
+        edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
+        if (a_lo <= edges[0] + 1e-9 and open_side != "lower") or (a_hi >= edges[1] - 1e-9 and open_side != "upper"):
+            why.append(
+                f"{name}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
+            )
+    return why
+
+
+def label_call(variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float, level: float) -> Call:
+    """The call from two forecasts' draws of the mean curve at ``at`` (the variant's budget, the
+    baseline's), paired where they come from one simulated campaign. Where the draws centre off the
+    point difference, its interval spans both readings of them: as they are, widened to hold the
+    point (``interval_holding``), and moved onto it; a call needs both (widened alone, the draws of
+    a slower variant centred below its point called "worse" where the moved ones did not)."""
+    budget, bb = at
+    v = variant.mean_draws([budget])[:, 0]
+    b = baseline.mean_draws([bb])[:, 0]
+    n = min(len(v), len(b))
+    d = v[:n] - b[:n]
+    delta = float(variant.point([budget])[0] - baseline.point([bb])[0])
+    lo, hi = interval_holding(d, delta, level)
+    moved = np.percentile(d - np.median(d) + delta, central_percentiles(level))
+    lo, hi = min(lo, float(moved[0])), max(hi, float(moved[1]))
+    side = against_margin(lo, hi, margin)
+    return Call({"within": "no difference", None: "cannot tell yet"}.get(side, side), delta, lo, hi)
+
+
+def backed(
+    call: Call, variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float, level: float
+) -> Call:
+    """``call`` where the variant's own data back it, else "cannot tell yet" saying why: a call made
+    past the data from a forecast that borrowed from other variants (``own()`` is another) stands
+    when the variant is predictable or when the two fits, each alone, make the same call with their
+    asymptotes bounded (a campaign's prior on B narrows B's draws, and bounds A through it, before a
+    slower variant's B has diverged)."""
+    budget, bb = at
+    verdict = variant.verdict
+    if call.label not in DECIDED or (verdict is not None and verdict.predictable):
+        return call
+    if not (extrapolates(variant, budget) or extrapolates(baseline, bb)):
+        return call
+    own_v, own_b = variant.own(), baseline.own()
+    if own_v is variant and own_b is baseline:  # nothing was pooled: the call is the own fits' already
+        return call
+    pooled = f"the joint fit says {call.text(margin)}"
+    side = {"worse": ("lower", "upper"), "better": ("upper", "lower")}.get(call.label, ("", ""))
+    why = unsupported("the variant's own fit", own_v, budget, side[0])
+    why += unsupported("the baseline's own fit", own_b, bb, side[1])
+    if why:
+        prefix = "the variant's own fit does not back it"
+        if any("asymptote" in w for w in why):
+            prefix = UNSEPARATED.get(call.label, prefix)
+        return Call("cannot tell yet", call.delta, call.lo, call.hi, f"{prefix}: {'; '.join(why)}; {pooled}")
+    own = label_call(own_v, own_b, at, margin, level)
+    if own.label != call.label:
+        reason = f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}"
+        return Call("cannot tell yet", call.delta, call.lo, call.hi, reason)
+    return call
+
+
+def call_difference(
+    variant: Forecast,
+    baseline: Forecast,
+    budget: float,
+    baseline_budget: float | None = None,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    level: float = 0.95,
+) -> Call:
+    """worse / better when the whole interval of the mean-curve difference at the budget is beyond
+    ∓margin, no difference when it is inside ±margin, else cannot tell yet. No call from a curve
+    with no band or not identified, nor, at a budget past its fitted data (an extrapolation),
+    from one whose extrapolation backtests have not checked (``MIN_BACKTESTS`` past the knee in a
+    joint fit's campaign) or whose asymptote A the resamples do not bound (its interval reaches the
+    grid's edge): such a difference is the fit's guess, not the data's. Past the data, a call from a
+    forecast that borrowed from other variants also needs the variant's own data to back it (``backed``)."""
+    pair = (("variant", variant), ("baseline", baseline))
+    why = [f"{n} has no band ({fc.no_band[0]})" for n, fc in pair if fc.no_band]
+    at = (budget, budget if baseline_budget is None else baseline_budget)
+    for (n, fc), c in zip(pair, at, strict=True):
+        if not fc.no_band:
+            why += unsupported(n, fc, c)
+    if why:
+        return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
+    return backed(label_call(variant, baseline, at, margin, level), variant, baseline, at, margin, level)

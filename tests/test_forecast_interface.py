@@ -1,0 +1,126 @@
+"""The forecast interface (``scalefit.prediction.Forecast``): a variant fitted alone and a variant of
+a campaign's joint fit answer every member the base declares, with the same kind of answer, and a
+caller given either never needs to ask which it holds. Settings travel as one ``FitSettings``."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from runners.ops.campaign import fit_settings
+from scalefit import compare_fits, decide_stop
+from scalefit.forecast import SingleForecast
+from scalefit.pooled_forecast import PooledForecast, forecast_variants
+from scalefit.prediction import Backtest, Call, CampaignForecast, Forecast, Verdict, call_difference
+from scalefit.synthetic import campaign_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+TRUTH = {"baseline": (3000, 1.9, 0.70), "lower": (3000, 1.9, 0.60), "slower": (6000, 1.9, 0.70)}
+BUDGET = 30_000.0
+
+
+@pytest.fixture(scope="module")
+def both() -> dict[str, CampaignForecast]:
+    """One synthetic campaign fitted on its first half, jointly and one variant at a time."""
+    df = campaign_runs(TRUTH, seeds=2, c_max=BUDGET, n_points=31, drift_sd=0.004, seed_sd=0.004, seed=5)
+    data = {v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")}
+    settings = fit_settings({"a_grid": "0.30:0.95:0.005", "eval_prompts": 1000})
+    upto, target = dict.fromkeys(TRUTH, BUDGET / 2), dict.fromkeys(TRUTH, BUDGET)
+    return {
+        pooling: forecast_variants(
+            data, replace(settings, pooling=pooling), fit_upto=upto, target=target, n_resamples=60
+        )
+        for pooling in ("partial", "none")
+    }
+
+
+def test_each_model_implements_every_member_the_base_declares():
+    assert inspect.isabstract(Forecast)
+    for cls in (SingleForecast, PooledForecast):
+        assert not inspect.isabstract(cls), (cls, cls.__abstractmethods__)
+        assert isinstance(cls.max_backtests, int) and isinstance(cls.backtest_resamples, int), cls
+    # what differs between the two is declared on each class, once (issue 43: MAX_BACKTESTS 6 vs 3)
+    assert (SingleForecast.max_backtests, PooledForecast.max_backtests) == (6, 3)
+    assert (SingleForecast.backtest_resamples, PooledForecast.backtest_resamples) == (150, 120)
+    assert not SingleForecast.paired and PooledForecast.paired
+
+
+def _answers(fc: Forecast) -> dict[str, type | tuple]:
+    """The kind of every answer the interface declares."""
+    lo, hi = fc.confidence_band([BUDGET])
+    plo, phi = fc.prediction_band([BUDGET], n_runs=2)
+    t = fc.target_band([BUDGET], 2)
+    err = fc.expected_error
+    assert fc.mean_draws([BUDGET]).shape == (len(fc.samples), 1)
+    assert fc.target_draws([BUDGET], 2).ndim == 1
+    assert all(np.isfinite(x).all() for x in (lo, hi, plo, phi, t)), fc
+    return {
+        "interval": tuple(type(x) for x in fc.interval("A")),
+        "bands": (type(lo), type(plo), type(t[0])),
+        "expected_error": type(err) if err is None else float,
+        "expected_error_at": type(fc.expected_error_at([BUDGET], 2)),
+        "verdict": type(fc.verdict),
+        "backtests": tuple({type(b) for b in fc.backtests}),
+        "own": isinstance(fc.own(), Forecast),
+        "mean_windows": type(fc.mean_windows),
+        "no_band": type(fc.no_band),
+    }
+
+
+def test_either_forecast_gives_the_same_kind_of_answer_to_every_member(both):
+    joint, alone = both["partial"].forecasts["baseline"], both["none"].forecasts["baseline"]
+    assert isinstance(joint, PooledForecast) and isinstance(alone, SingleForecast)
+    a, b = _answers(joint), _answers(alone)
+    for key in a:
+        if key == "backtests" and not (a[key] and b[key]):  # a forecast may have none
+            continue
+        assert a[key] == b[key], (key, a[key], b[key])
+    assert a["verdict"] is Verdict and a["backtests"] == (Backtest,) or not joint.backtests
+    assert not alone.verdict.band_only  # declared on every verdict; only a paired model sets it
+
+
+def test_callers_read_either_forecast_without_asking_which(both):
+    for pooling, res in both.items():
+        fcs = res.forecasts
+        assert set(res.fits) == set(TRUTH) and not res.failed, (pooling, res.failed)
+        call = call_difference(fcs["lower"], fcs["baseline"], BUDGET)
+        assert isinstance(call, Call) and call.label in ("worse", "no difference", "better", "cannot tell yet")
+        assert call.label != "better", (pooling, call)
+        d = decide_stop(fcs["lower"], fcs["baseline"], BUDGET, BUDGET)
+        assert d.probability is not None and 0.0 <= d.probability <= 1.0, (pooling, d)
+        c = compare_fits(res.fits["baseline"], res.fits["lower"], forecasts=(fcs["baseline"], fcs["lower"]))
+        assert c.winner in ("baseline", "candidate", "tie", "undecided"), (pooling, c)
+
+
+def test_the_margin_of_the_settings_reaches_every_verdict():
+    """``fit.margin`` goes down in the one settings object: a margin nothing meets is in every
+    verdict's reasons, where the margin the campaign was fitted with was not."""
+    df = campaign_runs(TRUTH, seeds=2, c_max=BUDGET, n_points=31, drift_sd=0.004, seed_sd=0.004, seed=5)
+    data = {v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")}
+    settings = fit_settings({"a_grid": "0.30:0.95:0.005", "eval_prompts": 1000, "margin": 1e-4})
+    for pooling in ("partial", "none"):
+        res = forecast_variants(data, replace(settings, pooling=pooling), n_resamples=60)
+        for v, fc in res.forecasts.items():
+            assert fc.margin == 1e-4, (pooling, v)
+            assert not fc.verdict.predictable and any("0.0001" in r for r in fc.verdict.reasons), (pooling, v)
+
+
+def _private_imports(path: Path) -> list[str]:
+    """``from scalefit.x import _name`` (a private name of another module) in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("scalefit", "analysis"):
+            out += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return out
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = [
+        hit for d in ("scalefit", "analysis") for p in sorted((ROOT / d).glob("*.py")) for hit in _private_imports(p)
+    ]
+    assert not found, found
