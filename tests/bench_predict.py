@@ -324,6 +324,7 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
     """One row per variant and method: the half-budget prediction of the last-3 mean, scored."""
     from analysis.loo import _calls, campaign_model, extrapolation_check, measured_at_budget
     from analysis.planner import seed_spread
+    from runners.ops.campaign import fit_settings
 
     x = fit.get("x", REAL_X)
     sd = seed_spread(curves, x, 1.0, LAST_K)
@@ -331,11 +332,11 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
     truth_call = dict(zip(measured["variant"], measured[f"measured_last{LAST_K}_label"].map(_call_label), strict=True))
     rows = []
     for method, pooling in (("new", "partial"), ("today", "none")):
-        cfg = {**fit, "pooling": pooling}
+        cfg = fit_settings({**fit, "pooling": pooling})  # parsed as load_campaign parses a fit: section
         half = campaign_model(curves, cfg, n_resamples, fraction=0.5)
         full = campaign_model(curves, cfg, n_resamples)
         ex = extrapolation_check(curves, cfg, model=half)
-        calls = _calls(full, half, cfg.get("margin", MARGIN)).set_index("variant")
+        calls = _calls(full, half, cfg.margin).set_index("variant")
         for _, r in ex.iterrows():
             seeds = int(curves.loc[curves["variant"] == r["variant"], "seed"].nunique())
             row = {

@@ -213,8 +213,10 @@ def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fi
         assert list((run_dir / "slurm").glob("*_log.out"))  # the jobs' own logs, beside the run
 
     from analysis.loo import write_report
+    from runners.ops.campaign import fit_settings
 
-    table = write_report("tiny-slurm", tmp_path / "fit", {"a_grid": "0.05:1.0:0.005"}, log=lambda m: None)
+    settings = fit_settings({"a_grid": "0.05:1.0:0.005"})
+    table = write_report("tiny-slurm", tmp_path / "fit", settings, log=lambda m: None)
     assert set(table["variant"]) == {"baseline", "loss=dapo"} and (tmp_path / "fit" / "loo_table.md").is_file()
 
 
