@@ -164,19 +164,9 @@ def _run_campaign(
     parent = _parent(client, exp_id, camp)
     ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # the UI opens on the curves
     make_dir(root)  # private (0700), or PRL_GROUP's
-    status = {s.run_key: status_of(existing.get(s.run_key)) for s in specs}
-    skip = {"done"} if resume_stopped else {"done", "stopped"}
-    todo = [s for s in specs if status[s.run_key] not in skip]
-    resumed: set[str] = set()  # variants the user resumed past an adaptive stop: not decided on again
-    for s in todo:
-        if status[s.run_key] == "stopped":
-            (run_folder(root, s) / STOP_FILE).unlink(missing_ok=True)
-            client.set_tag(existing[s.run_key].info.run_id, store.STOPPED, "0")
-            resumed.add(s.variant)
-    n_stopped = 0 if resume_stopped else sum(status[s.run_key] == "stopped" for s in specs)
-    log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
-    t0 = time.perf_counter()
     tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log)
+    todo, resumed = tracked.to_run(specs, resume_stopped)
+    t0 = time.perf_counter()
     failures, saved = tracked.train(specs, todo, decide=not only_axis, resumed=resumed)
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
@@ -206,6 +196,22 @@ class _Tracked:
     log: Callable[[str], None]
     watched: Any = None  # the tracking server in front of a SQLite store (``runners.ops.watch``)
     monitor: Any = None  # an adaptive campaign's decisions (``runners.ops.adaptive.Monitor``)
+
+    def to_run(self, specs: list[RunSpec], resume_stopped: bool) -> tuple[list[RunSpec], set[str]]:
+        """The runs not done (nor stopped by an adaptive decision, unless ``resume_stopped``: those are
+        resumed), and the variants resumed past their stop (not decided on again)."""
+        status = {s.run_key: status_of(self.existing.get(s.run_key)) for s in specs}
+        skip = {"done"} if resume_stopped else {"done", "stopped"}
+        todo = [s for s in specs if status[s.run_key] not in skip]
+        resumed: set[str] = set()
+        for s in todo:
+            if status[s.run_key] == "stopped":
+                (run_folder(self.root, s) / STOP_FILE).unlink(missing_ok=True)
+                self.client.set_tag(self.existing[s.run_key].info.run_id, store.STOPPED, "0")
+                resumed.add(s.variant)
+        n_stopped = 0 if resume_stopped else sum(status[s.run_key] == "stopped" for s in specs)
+        self.log(f"{len(specs) - len(todo) - n_stopped} done, {n_stopped} stopped, {len(todo)} to run")
+        return todo, resumed
 
     def train(self, specs: list[RunSpec], todo: list[RunSpec], *, decide: bool, resumed: set[str]) -> tuple:
         """Hand ``todo`` to the campaign's backend; returns its failures and, for an adaptive campaign
