@@ -34,6 +34,7 @@ import numpy as np
 
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.model import CurveFit
+from scalefit.slower_or_lower import Separation, knee_from_data, separate
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
@@ -414,6 +415,7 @@ class Call:
     lo: float
     hi: float
     reason: str = ""
+    reading: Separation | None = None  # ceiling or efficiency (``scalefit.slower_or_lower``; sigmoids only)
 
     def text(self, margin: float) -> str:
         for which in UNSEPARATED.values():
@@ -463,6 +465,42 @@ def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list
     return why
 
 
+def past_knee(fc: Forecast) -> bool:
+    """Whether the forecast's fitted points show its knee by the data alone (``knee_from_data``:
+    the runs flatten in log C over the last third of the data), not by the fitted C_mid it tests."""
+    fit = fc.fit
+    runs = None if fit.run_inputs is None or fit.used is None else fit.run_inputs[fit.used]
+    knee = knee_from_data(fit.compute, fit.value, runs)
+    return bool(knee is not None and knee.passed)
+
+
+def reading(variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float) -> Separation | None:
+    """Ceiling against efficiency at ``at`` (``scalefit.slower_or_lower.separate``); None for a
+    curve with no band or no asymptote (a power law has no ceiling to read)."""
+    pair = (variant, baseline)
+    if any(fc.no_band or not fc.fit.has_asymptote or "C_mid" not in fc.fit.sample_names for fc in pair):
+        return None
+    return separate(variant, baseline, at[0], at[1], margin=margin)
+
+
+def _withheld(call: Call, why: str, open_ceiling: bool = False) -> Call:
+    """``call`` not made, for ``why``. Where a ceiling is open (``open_ceiling``: an own fit's A
+    reaches its grid's edge) or its reading finds the efficiency changed and the ceiling not yet
+    told, it is "slower or lower" ("faster or higher"): the difference at the budget could come from
+    either, and the reading says what compute would tell them apart."""
+    r = call.reading
+    efficiency = r.efficiency if r is not None and r.ceiling == "cannot tell" else ""
+    which = UNSEPARATED.get(call.label) or UNSEPARATED.get({"slower": "worse", "faster": "better"}.get(efficiency, ""))
+    if which and (open_ceiling or efficiency in ("slower", "faster")):
+        told = ""
+        if r is not None and r.ceiling == "cannot tell":
+            lo, hi = r.delta_a_interval
+            told = f"{r.efficiency_text()}, ceiling not yet told (ΔA {r.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}]); "
+            told += f"{r.separation_text()}; "
+        why = f"{which}: {told}{why}"
+    return Call("cannot tell yet", call.delta, call.lo, call.hi, why, call.reading)
+
+
 def label_call(variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float, level: float) -> Call:
     """The call from two forecasts' draws of the mean curve at ``at`` (the variant's budget, the
     baseline's), paired where they come from one simulated campaign. Where the draws centre off the
@@ -491,11 +529,11 @@ def backed(
     asymptotes bounded (a campaign's prior on B narrows B's draws, and bounds A through it, before a
     slower variant's B has diverged)."""
     budget, bb = at
+    if call.label not in DECIDED or not (extrapolates(variant, budget) or extrapolates(baseline, bb)):
+        return call
     verdict = variant.verdict
-    if call.label not in DECIDED or (verdict is not None and verdict.predictable):
-        return call
-    if not (extrapolates(variant, budget) or extrapolates(baseline, bb)):
-        return call
+    if verdict is not None and verdict.predictable and past_knee(variant) and past_knee(baseline):
+        return call  # a verdict's backtests speak for a curve past its knee, not for one still steepening
     own_v, own_b = variant.own(), baseline.own()
     if own_v is variant and own_b is baseline:  # nothing was pooled: the call is the own fits' already
         return call
@@ -504,14 +542,12 @@ def backed(
     why = unsupported("the variant's own fit", own_v, budget, side[0])
     why += unsupported("the baseline's own fit", own_b, bb, side[1])
     if why:
-        prefix = "the variant's own fit does not back it"
-        if any("asymptote" in w for w in why):
-            prefix = UNSEPARATED.get(call.label, prefix)
-        return Call("cannot tell yet", call.delta, call.lo, call.hi, f"{prefix}: {'; '.join(why)}; {pooled}")
+        if any("asymptote" in w for w in why) and call.label in UNSEPARATED:
+            return _withheld(call, f"{'; '.join(why)}; {pooled}", open_ceiling=True)
+        return _withheld(call, f"the variant's own fit does not back it: {'; '.join(why)}; {pooled}")
     own = label_call(own_v, own_b, at, margin, level)
     if own.label != call.label:
-        reason = f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}"
-        return Call("cannot tell yet", call.delta, call.lo, call.hi, reason)
+        return _withheld(call, f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}")
     return call
 
 
@@ -539,4 +575,9 @@ def call_difference(
             why += unsupported(n, fc, c)
     if why:
         return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
-    return backed(label_call(variant, baseline, at, margin, level), variant, baseline, at, margin, level)
+    call = label_call(variant, baseline, at, margin, level)
+    call.reading = reading(variant, baseline, at, margin)
+    if call.label == "cannot tell yet":  # the interval straddles a margin: slower or lower, where the reading says
+        withheld = _withheld(call, f"Δ {call.delta:+.3f} [{call.lo:+.3f}, {call.hi:+.3f}] straddles ±{margin:g}")
+        return withheld if withheld.reason.startswith(tuple(UNSEPARATED.values())) else call
+    return backed(call, variant, baseline, at, margin, level)

@@ -124,6 +124,7 @@ class Separation:
     same_ceiling_interval: tuple[float, float]
     separating_compute: float | None  # where a variant only slower would come within margin/2 of the baseline
     margin: float
+    budget: float  # where the variant was compared
 
     @property
     def ceiling(self) -> str:
@@ -182,10 +183,13 @@ class Separation:
             return f"{at} at no compute within reach {span}"
         return f"{at} at {self.later:.2g}× the baseline's compute {span}"
 
-    def separation_text(self, budget: float) -> str:
-        if self.separating_compute is None:
-            return "no compute within 1000× the budget separates slower from lower"
-        c = self.separating_compute
+    def separation_text(self) -> str:
+        """The compute at which slower and lower part (``separating_compute``), in words."""
+        c, budget = self.separating_compute, self.budget
+        if c is None and abs(self.delta_a) <= self.margin:
+            return f"as fitted, the ceilings lie within ±{self.margin:g} (slower, not lower)"
+        if c is None:
+            return f"no compute within {SEPARATION_REACH:g}× the budget separates slower from lower"
         if c <= budget * 1.01:
             return "the budget itself separates slower from lower"
         return f"compute {c:.3g} ({c / budget:.2g}× the budget) would separate slower from lower"
@@ -202,6 +206,7 @@ class Separation:
             "same_ceiling_delta": self.same_ceiling_delta,
             "same_ceiling_interval": list(self.same_ceiling_interval),
             "separating_compute": self.separating_compute,
+            "label": self.label,
         }
 
 
@@ -288,6 +293,7 @@ def separate(variant, baseline, budget: float, baseline_budget: float | None = N
         same_ceiling_interval=(ds_lo, ds_hi),
         separating_compute=separating_compute(pv, pb, budget, margin),
         margin=margin,
+        budget=budget,
     )
 
 

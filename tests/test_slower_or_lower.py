@@ -82,3 +82,61 @@ def test_the_separating_compute_is_where_a_slower_reading_would_have_caught_up()
 
     assert gap(c) <= 0.01 < gap(c / 1.05)
     assert separating_compute(np.array([[0.74, 1.8, 3 * CM, 0.3]]), base, CM, 0.02) is None  # |ΔA| within margin
+
+
+def test_a_half_budget_call_on_a_slower_variant_says_slower_or_lower_and_what_compute_tells():
+    """Issue 40 item 1: the same ceiling as the baseline, C_mid 3x (a learning rate cut), read from
+    half of a budget of 6x the baseline's C_mid. Its difference at the budget could come from a
+    lower ceiling or a later knee: the call is "slower or lower: cannot tell yet", with the reading
+    (slower, ceiling not yet told) and the compute at which the two part. A variant whose ceiling
+    is lower is still called worse, read as lower."""
+    from scalefit.pooled import fit_campaign
+    from scalefit.pooled_forecast import forecast_campaign
+    from scalefit.prediction import call_difference
+
+    truth = {
+        "baseline": (CM, 1.8, 0.75),
+        "slower": (3 * CM, 1.8, 0.75),
+        "lower": (CM, 1.8, 0.69),
+        "v3": (1.2 * CM, 1.9, 0.74),
+        "v4": (0.9 * CM, 1.7, 0.76),
+    }
+    budget = 6 * CM
+    df = campaign_runs(truth, seeds=4, seed=2, c_max=budget, n_points=41, n_prompts=300, drift_sd=0.006, seed_sd=0.005)
+    data = {v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")}
+    cfit = fit_campaign(data, fit_upto=dict.fromkeys(truth, budget / 2), a_grid=np.arange(0.05, 1.0, 0.005))
+    fcs = forecast_campaign(cfit, target=dict.fromkeys(truth, budget), n_resamples=300)
+
+    slower = call_difference(fcs["slower"], fcs["baseline"], budget)
+    assert slower.label == "cannot tell yet" and slower.reading.label == "slower, ceiling not yet told", slower
+    text = slower.text(0.02)
+    assert text.startswith("slower or lower: cannot tell yet (") and "× the baseline's compute" in text, text
+    assert slower.reading.separating_compute > budget and "would separate slower from lower" in text, text
+    lower = call_difference(fcs["lower"], fcs["baseline"], budget)
+    assert lower.label == "worse" and lower.reading.label == "lower", lower
+
+
+def test_a_predictable_forecast_still_steepening_needs_its_own_fit_to_back_a_call():
+    """Recorded loo-gpu6, from half the budget: fp32=off's joint forecast is predictable and said
+    "no difference" (Δ -0.003 [-0.017, +0.013]), but its runs and the baseline's still steepen in log C
+    there (the knee from the data), and fitted alone it says Δ -0.003 [-0.049, +0.053]: the call is not
+    made. At the budget the measured difference is +0.002 [-0.021, +0.026], not resolved at ±0.02.
+    length=penalty (+0.16 at the budget, past its knee by half of it) is still called better."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from analysis.loo import campaign_model
+    from runners.ops.campaign import load_campaign
+    from scalefit.prediction import call_difference, past_knee
+
+    root = Path(__file__).resolve().parents[1]
+    settings = load_campaign(root / "experiments" / "campaigns" / "loo-gpu6.yaml").fit
+    half = campaign_model(pd.read_csv(root / "results" / "loo-gpu6" / "curves.csv"), settings, 300, fraction=0.5)
+    base, fp32 = half.forecasts["baseline"], half.forecasts["fp32=off"]
+    budget = 2 * float(base.fit.compute.max())
+    assert fp32.verdict.predictable and not past_knee(fp32) and not past_knee(base)
+    call = call_difference(fp32, base, budget, margin=settings.margin)
+    assert call.label == "cannot tell yet" and "own fit does not back it" in call.reason, call
+    gain = call_difference(half.forecasts["length=penalty"], base, budget, margin=settings.margin)
+    assert gain.label == "better" and past_knee(half.forecasts["length=penalty"]), gain
