@@ -72,7 +72,9 @@ def pytest_configure(config):
     """Each xdist worker gets its share of the cores, for torch in the worker and for every process it
     starts (``OMP_NUM_THREADS``, which a campaign passes on to its runs). Oversubscribed OpenMP
     threads spin: three tiny base-model builds at once on 2 cores took 99-138 s and 66-106 s of CPU
-    each with torch's default threads, 28-29 s and 20 s each with one thread."""
+    each with torch's default threads, 28-29 s and 20 s each with one thread. The SLURM backend
+    polls squeue every second, not every 5 s (``PRL_SLURM_POLL_S``): a job's end is seen sooner."""
+    os.environ.setdefault("PRL_SLURM_POLL_S", "1")
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:
         from runners.ops.local import cores

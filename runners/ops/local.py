@@ -90,7 +90,10 @@ def command(spec: RunSpec, run_id: str, uri: str, root: Path) -> Launch:
 
 
 def devices() -> list[str | None]:
-    """Visible CUDA devices as CUDA_VISIBLE_DEVICES values, or ``[None]`` (CPU)."""
+    """Visible CUDA devices as CUDA_VISIBLE_DEVICES values, or ``[None]`` (CPU). A torch built for
+    neither CUDA nor ROCm is not imported to say so (2 s of CPU in every campaign's process)."""
+    if _cpu_only_torch():
+        return [None]
     try:
         import torch
 
@@ -98,6 +101,20 @@ def devices() -> list[str | None]:
     except Exception:  # noqa: BLE001 - no torch CUDA: CPU
         n = 0
     return [str(i) for i in range(n)] or [None]
+
+
+def _cpu_only_torch() -> bool:
+    """Whether the installed torch was built without CUDA and ROCm (``cuda`` and ``hip`` None in its
+    version.py), read without importing it; False where that cannot be read (torch is asked then)."""
+    import importlib.util
+    import re
+
+    try:
+        text = (Path(importlib.util.find_spec("torch").origin).parent / "version.py").read_text()
+    except (AttributeError, ImportError, OSError, TypeError, ValueError):
+        return False
+    builds = dict(re.findall(r"^(cuda|hip)\b[^=\n]*=\s*(\S+)", text, re.M))
+    return builds == {"cuda": "None", "hip": "None"}
 
 
 def slots(settings: LocalSettings, where: Path) -> list[str | None]:

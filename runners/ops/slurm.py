@@ -65,7 +65,7 @@ try:
 except ImportError:  # the registry still loads; the backend's check names the set-up that installs it
     submitit, _Checkpointable = None, object
 
-POLL_S = 5.0  # between two squeue calls
+POLL_S = float(os.environ.get("PRL_SLURM_POLL_S", "5"))  # between two squeue calls (the tests take 1 s)
 GONE_GRACE_S = 30.0  # a job absent from squeue without a result file: wait this long for a shared filesystem
 # squeue states of a job that is not over (a requeued job goes back to PENDING under the same id)
 LIVE = {
