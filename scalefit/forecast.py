@@ -1,4 +1,5 @@
-"""Honest predictions: a confidence band, a calibrated prediction band, backtests and a verdict.
+"""Honest predictions of one curve fitted alone (``SingleForecast``, a ``scalefit.prediction.Forecast``):
+a confidence band, a calibrated prediction band, backtests and a verdict.
 
 ``forecast(fit)`` answers "where will an evaluation at compute C land, and can I trust that?":
 

@@ -1,7 +1,9 @@
 """Bands, backtests, verdicts and calls from a campaign's joint fit, seeds the unit of uncertainty.
 
-``forecast_campaign(cfit)`` gives one ``PooledForecast`` per fitted variant (a ``Forecast``, so
-comparisons, plots and stop decisions read it as they read a single fit's):
+``forecast_campaign(cfit)`` gives one ``PooledForecast`` per fitted variant (a
+``scalefit.prediction.Forecast``, so comparisons, calls, plots and stop decisions read it as they
+read a single fit's); ``forecast_variants(curves, settings)`` fits and forecasts a campaign jointly
+or one variant at a time, as its settings say, into one ``CampaignForecast``:
 
 1. **Seed deviations.** Where a variant has several seeds, each seed's departure from the
    variant's mean at each evaluation (scaled by sqrt(k / (k - 1))) is one draw of how a run

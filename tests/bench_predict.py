@@ -312,6 +312,36 @@ def true_calls(curves: pd.DataFrame, margin: float) -> dict[str, str]:
     return out
 
 
+def _reading(model, variant: str, margin: float) -> str:
+    """The half-budget reading of ``variant`` against the baseline at the budget both reached
+    (``scalefit.prediction.reading``: lower, higher, slower, faster, same, or what is not yet told)."""
+    from scalefit.prediction import reading
+
+    fcs = model.forecasts
+    if variant not in fcs or "baseline" not in fcs:
+        return "no fit"
+    at = min(model.budgets[variant], model.budgets["baseline"])
+    r = reading(fcs[variant], fcs["baseline"], (at, at), margin)
+    return r.label if r is not None else "no reading"
+
+
+def reading_summary(df: pd.DataFrame) -> str:
+    """How the half-budget readings of the synthetic efficiency studies match their truth: the
+    efficiency arms (same A, later C_mid) read slower and never lower; the controls higher / lower."""
+    d = df[(df["method"] == "new") & df["study"].str.startswith("efficiency") & df["half_reading"].notna()]
+    eff = d[~d["variant"].str.startswith("control") & (d["variant"] != "baseline")]
+    slower = eff["half_reading"].str.startswith("slower").sum()
+    lower = eff["half_reading"].isin(["lower", "higher"]).sum()
+    ctrl = d[d["variant"].str.startswith("control")]
+    right = ((ctrl["variant"] == "control=better") & (ctrl["half_reading"] == "higher")) | (
+        (ctrl["variant"] == "control=lower") & (ctrl["half_reading"] == "lower")
+    )
+    return (
+        f"efficiency arms read slower {slower}/{len(eff)}, read as a ceiling change {lower}/{len(eff)}; "
+        f"controls read right (higher / lower) {int(right.sum())}/{len(ctrl)}"
+    )
+
+
 def _call_label(measured: str) -> str:
     if not isinstance(measured, str):
         return "cannot tell yet"
@@ -322,7 +352,7 @@ def _call_label(measured: str) -> str:
 
 def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int) -> pd.DataFrame:
     """One row per variant and method: the half-budget prediction of the last-3 mean, scored."""
-    from analysis.loo import _calls, campaign_model, extrapolation_check, measured_at_budget
+    from analysis.loo import calls, campaign_model, extrapolation_check, measured_at_budget
     from analysis.planner import seed_spread
     from runners.ops.campaign import fit_settings
 
@@ -336,7 +366,7 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
         half = campaign_model(curves, cfg, n_resamples, fraction=0.5)
         full = campaign_model(curves, cfg, n_resamples)
         ex = extrapolation_check(curves, cfg, model=half)
-        calls = _calls(full, half, cfg.margin).set_index("variant")
+        called = calls(full, half, cfg.margin).set_index("variant")
         for _, r in ex.iterrows():
             seeds = int(curves.loc[curves["variant"] == r["variant"], "seed"].nunique())
             row = {
@@ -370,9 +400,10 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
                 verdict=r["verdict"],
                 predicted=pred,
             )
-            if r["variant"] in calls.index:
-                row["half_call"] = calls.loc[r["variant"], "half_call"]
-                row["full_call"] = calls.loc[r["variant"], "call"]
+            if r["variant"] in called.index:
+                row["half_call"] = called.loc[r["variant"], "half_call"]
+                row["half_reading"] = _reading(half, r["variant"], cfg.margin)
+                row["full_call"] = called.loc[r["variant"], "call"]
                 row["measured_call"] = truth_call.get(r["variant"], "cannot tell yet")
                 if "truth" in curves:
                     row["true_call"] = true_calls(curves, fit.get("margin", MARGIN)).get(r["variant"])
@@ -522,6 +553,8 @@ def campaigns_main(args, out: Path) -> None:
         agree = f"agree {s['agree (joint)']} (joint), {s['agree (measured)']} (measured)"
         agree += f", {s['agree (truth)']} (truth)" if s["agree (truth)"] != "—" else ""
         print(f"  {study}: {s['calls']} calls made, {agree}")
+    if "half_reading" in df and df["study"].str.startswith("efficiency").any():
+        print("\nhalf-budget readings, synthetic efficiency studies: " + reading_summary(df))
     print(
         "\nthe issue's figures for the method before this one (loo-gpu3/4/5): "
         + "; ".join(f"{k} {v}" for k, v in ISSUE_TODAY.items())

@@ -124,3 +124,18 @@ def test_no_module_imports_a_private_name_of_another():
         hit for d in ("scalefit", "analysis") for p in sorted((ROOT / d).glob("*.py")) for hit in _private_imports(p)
     ]
     assert not found, found
+
+
+def test_a_variant_the_fit_leaves_out_stays_out_of_the_backtests():
+    """loo-gpu5's off_policy=ppo at half its compute: flat there, so no fit, while a backtest's refit
+    of the campaign (which sets ``fit_upto`` for the fitted variants only) fits all of its points;
+    the backtests skip it instead of failing on it."""
+    df = campaign_runs(TRUTH, seeds=2, c_max=BUDGET, n_points=31, drift_sd=0.004, seed_sd=0.004, seed=5)
+    data = {v: (g["compute"].to_numpy(), g["value"].to_numpy(), g["seed"].to_numpy()) for v, g in df.groupby("variant")}
+    c, y, runs = data["slower"]
+    data["late"] = (c, np.where(c < 0.55 * BUDGET, float(y[c == 0].mean()), y), runs)  # flat, then rises
+    settings = fit_settings({"a_grid": "0.30:0.95:0.005", "eval_prompts": 1000})
+    upto = dict.fromkeys(data, BUDGET / 2)
+    res = forecast_variants(data, settings, fit_upto=upto, target=dict.fromkeys(data, BUDGET), n_resamples=30)
+    assert "late" in res.failed and set(res.forecasts) == set(TRUTH), res.failed
+    assert res.forecasts["baseline"].campaign_backtests > 0

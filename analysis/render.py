@@ -1,0 +1,140 @@
+"""Render the LOO results, the fourth part of ``analysis fit``: the Markdown table (``to_markdown``),
+the plot (``plot_campaign``) and the list of runs with their reports (``runs_markdown``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.curves import bad_points, unstable_points
+from runners.contract import MEAN_AT_16
+from scalefit.models import make_model
+from scalefit.plot import plot_fits
+from scalefit.settings import FitSettings
+
+
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    def fmt(v: Any, spec: str) -> str:
+        return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+
+    k = next((int(c[len("final_last") : -len("_mean_at_16")]) for c in table if c.startswith("final_last")), 3)
+    lines = []
+    models = [m for m in table.get("fit_model", pd.Series(dtype=object)).dropna().unique() if m]
+    if models:
+        lines += [f"Fit: {models[0]}.", ""]
+    fitted = table.get("model", pd.Series(dtype=object)).dropna()
+    names = make_model(fitted.iloc[0] if len(fitted) else "sigmoid").param_names  # the table's columns
+    heads = ["A [interval]" if p == "A" and "A_lo" in table else p for p in names]
+    lines += [
+        f"| variant | {' | '.join(heads)} | final mean@16 (last " + str(k) + ") | predictable? "
+        "| verdict vs baseline | call at half the budget → at the budget | measured at the budget (95%, seeds; "
+        f"last {k}) | measured at half the budget | resolvable Δ (80%; last {k}) |",
+        "|---|" + "---|" * len(names) + "---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        cells = []
+        for p in names:
+            if p == "A":
+                a = (
+                    f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
+                    if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
+                    else (f"{r['A']:.3f}" + (" (no band)" if "A_lo" in r else "") if not pd.isna(r.get("A")) else "")
+                )
+                cells.append(a + (" (grid edge)" if r.get("a_at_edge") is True else ""))
+            elif p == "B":
+                cells.append(fmt(r.get("B"), ".2f") + (" (bound)" if r.get("b_at_bound") is True else ""))
+            else:
+                cells.append(fmt(r.get(p), ".3g"))
+        if pd.isna(r.get(names[0])):  # no fit: the first parameter's cell says why
+            cells[0] = r.get("note", "")
+        pred = r.get("predictability", "")
+        pred = "" if not isinstance(pred, str) else pred
+        verdict = r.get("verdict", "")
+        stopped = r.get("stopped")
+        if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations
+            verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
+        final = fmt(r["final_mean_at_16"], ".3f")
+        last = r.get(f"final_last{k}_mean_at_16")
+        if last is not None and not pd.isna(last):
+            final += f" ({last:.3f})"
+        if r.get("unfinished", 0) > 0:  # a partial curve: its last value is not the run's final one
+            final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
+        if _text(r.get("dropped")):  # points no curve can hold, left out of the fit by name
+            final += f" ({r['dropped']})"
+        if _text(r.get("unstable")):  # runs that left their siblings: counted and named
+            final += f" (unstable: {r['unstable']}; flagged evaluations left out of the fit)"
+        calls = ""
+        if _text(r.get("half_call_text")) or _text(r.get("call_text")):
+            calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
+        measured = _text(r.get("measured"))
+        if _text(r.get(f"measured_last{k}")):
+            measured += f" (last {k}: {_text(r.get(f'measured_last{k}'))})"
+        half = _text(r.get("half_measured"))
+        if _text(r.get(f"half_measured_last{k}")):
+            half += f" (last {k}: {_text(r.get(f'half_measured_last{k}'))})"
+        res = ""
+        if not pd.isna(r.get("resolvable", np.nan)):
+            res = f"{r['resolvable']:.3f} ({r['resolvable_last_k']:.3f})"
+        lines.append(
+            f"| {r['variant']} | {' | '.join(cells)} | {final} | {pred} | {verdict} | {calls} | "
+            f"{measured} | {half} | {res} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, settings: FitSettings, title: str = "") -> Path | None:
+    """The LOO plot: every variant's points, and its fit with both bands where it has one (``extra``
+    as ``fit_table`` returns it); a variant without a fit (flat, spliced) as points, never left out."""
+    x = settings.x
+    curves = bad_points(curves, x)[0]
+    unfitted = {
+        v: (g[x].to_numpy(), g[MEAN_AT_16].to_numpy()) for v, g in curves.groupby("variant") if v not in extra["fits"]
+    }
+    if not (extra["fits"] or unfitted):
+        return None
+    left_out = curves[unstable_points(curves)[0]]  # unstable runs' flagged evaluations
+    return plot_fits(
+        extra["fits"],
+        path,
+        forecasts=extra["forecasts"],
+        xlabel=x,
+        title=f"{title}: mean@16 vs compute, {settings.model.replace('_', ' ')} fits" if title else None,
+        unfitted=unfitted,
+        flagged=(left_out[x].to_numpy(float), left_out[MEAN_AT_16].to_numpy(float)),
+    )
+
+
+def report_folder(out: Path, variant: str, seed: int) -> Path:
+    """Where ``analysis fit`` keeps a run's report beside the table (``out/reports/<variant>-seed<n>``)."""
+    return out / "reports" / f"{variant}-seed{seed}".replace("=", "-").replace("/", "-")
+
+
+def runs_markdown(curves: pd.DataFrame, out: Path) -> str:
+    """One line per run with its last mean@16 and a link to its report, relative to ``out`` (where
+    ``runs.md`` is written: the link opens in any Markdown viewer of the folder)."""
+    lines = ["| run | variant | seed | status | last mean@16 | report |", "|---|---|---|---|---|---|"]
+    for run_id, g in curves.groupby("run_id", sort=False):
+        g = g.sort_values("step")
+        report = report_folder(out, g["variant"].iloc[0], g["seed"].iloc[0]) / "report.md"
+        if report.is_file():
+            link = f"[{report.parent.name}]({report.relative_to(out).as_posix()})"
+        else:
+            link = "none (`make report RUN=" + run_id + "`)"
+        stopped = g["stopped"].iloc[0] if "stopped" in g else ""
+        status = (
+            f"stopped {stopped}"
+            if isinstance(stopped, str) and stopped
+            else ("done" if g["done"].iloc[0] else "running")
+        )
+        lines.append(
+            f"| {g['run'].iloc[0]} | {g['variant'].iloc[0]} | {g['seed'].iloc[0]} | {status} | "
+            f"{g[MEAN_AT_16].iloc[-1]:.3f} | {link} |"
+        )
+    return "\n".join(lines) + "\n"

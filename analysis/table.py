@@ -1,0 +1,374 @@
+"""The LOO table, the third part of ``analysis fit``: one row per variant with its fit, verdict against
+the baseline, calls at half the budget and at the budget, and what was measured (``fit_table``); the
+extrapolation check of the fit to half the compute (``extrapolation_check``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.curves import bad_points, steady_points, unfinished
+from analysis.fits import HALF_RESAMPLES, Model, campaign_model, warn_wall_clock
+from analysis.planner import plan as seed_plan
+from runners.contract import MEAN_AT_16
+from scalefit import FitError, compare_fits, seed_spread
+from scalefit.prediction import Forecast, against_margin, call_difference
+from scalefit.settings import FitSettings
+from scalefit.unstable import Flag, arm_counts
+
+
+def fit_table(
+    curves: pd.DataFrame, settings: FitSettings, n_boot: int = 1000, half: Model | None = None
+) -> tuple[pd.DataFrame, dict]:
+    """Fit the campaign (jointly unless ``fit.pooling: none``), forecast each variant, and compare it
+    with the baseline by the paper's rule; call each variant against the baseline at the budget from
+    the fit to all of it and from the fit to its first half (``half``, fitted here when not given,
+    with ``HALF_RESAMPLES`` resamples or ``n_boot`` where that is fewer).
+
+    Intervals come from the seed bootstrap (seeds the unit of run-to-run variation); a variant that
+    is not yet predictable, whose fit sits on a grid edge or that is not a sigmoid gets "cannot
+    decide", never a winner.
+    """
+    warn_wall_clock(settings)
+    x = settings.x
+    curves, dropped = bad_points(curves, x)  # each named in its variant's note; the other points are fitted
+    if curves.empty:
+        raise ValueError(f"no evaluation to fit: every point is bad ({dropped['why'].iloc[0]}, ...)")
+    model = campaign_model(curves, settings, n_boot)
+    flags = steady_points(curves)[1]
+    rows = [variant_row(v, g, model, settings, flags) for v, g in curves.groupby("variant", sort=False)]
+    table = pd.DataFrame(_note_dropped(rows, dropped))
+    if "baseline" in model.fits:
+        table = _against_baseline(table, model, settings.margin)
+    if half is None:  # never more resamples than the fit to all of it
+        half = campaign_model(curves, settings, min(n_boot, HALF_RESAMPLES), fraction=0.5)
+    table = table.merge(calls(model, half, settings.margin), on="variant", how="left")
+    measured = measured_at_budget(curves, x, settings.margin, last_k=settings.last_k)
+    if len(measured):
+        table = table.merge(measured, on="variant", how="left")
+        half_m = measured_at_budget(curves, x, settings.margin, fraction=0.5, last_k=settings.last_k)
+        half_m = half_m.rename(columns=lambda c: c if c == "variant" else f"half_{c}")  # where efficiency shows
+        table = table.merge(half_m, on="variant", how="left")
+    table = table.merge(_resolvable(curves, x, settings), on="variant", how="left")
+    table = _flag_identical_curves(curves, table, x)
+    return table, {"fits": model.fits, "forecasts": model.forecasts, "model": model, "half": half}
+
+
+def variant_row(
+    variant: str, g: pd.DataFrame, model: Model, settings: FitSettings, flags: list[Flag]
+) -> dict[str, Any]:
+    """A variant's row of the table: its runs (``g``: its curves) and, where it has one, its fit."""
+    x, y, k = settings.x, MEAN_AT_16, settings.last_k
+    row: dict[str, Any] = {
+        "variant": variant,
+        "axis": g["axis"].iloc[0] or "—",
+        "seeds": g["seed"].nunique(),
+        "points": len(g),
+        "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
+        f"final_last{k}_mean_at_16": g.sort_values(x).groupby("seed").tail(k)[y].mean(),
+        "unfinished": unfinished(g),
+        "fit_model": model.description,
+    }
+    mine = [f.text() for f in flags if f.variant == variant]
+    if mine:  # collapses: reported, left out of the fit and the seed noise, kept in the curves
+        row.update(unstable_runs=len(mine), unstable=f"{arm_counts(g, flags)[variant]}: {'; '.join(mine)}")
+    stops = sorted(set(g["stopped"].fillna(""))) if "stopped" in g else []
+    if any(stops):  # an adaptive campaign stopped it: its final value is the decision's prediction
+        row["stopped"] = "stopped early " + "; ".join(x for x in stops if x)
+    if variant not in model.fits:
+        return {**row, "note": model.failed.get(variant, "no fit")}
+    return _fit_cells(row, g, model.fits[variant], model.forecasts[variant], settings)
+
+
+def _fit_cells(row: dict[str, Any], g: pd.DataFrame, f: Any, fc: Forecast, settings: FitSettings) -> dict[str, Any]:
+    """``row`` with a fitted variant's parameters, intervals, verdict and per-seed spread of A."""
+    row["model"] = f.name
+    row.update(f.params)  # the model's own parameters: A, B, C_mid (sigmoid); A, D, B (power law)
+    if f.has_asymptote:
+        row["A_lo"], row["A_hi"] = fc.interval("A")
+    row.update(
+        R0=getattr(f, "R0", np.nan),
+        sse=f.sse,
+        a_at_edge=getattr(f, "a_at_edge", False),
+        b_at_bound=getattr(f, "b_at_bound", False) or any(r.startswith("B =") for r in f.not_identified),
+        pooled=_pooled_label(f),
+        predictable=fc.verdict.predictable,
+        predictability=fc.verdict.text(),
+        expected_error=fc.expected_error,
+        note="; ".join(filter(None, [*f.warnings, getattr(f, "pool_note", "")])),
+    )
+    if g["seed"].nunique() > 1 and f.name == "sigmoid":  # the paper's run-to-run spread of A
+        try:
+            per_seed = {s: (gs[settings.x], gs[MEAN_AT_16]) for s, gs in g.groupby("seed")}
+            spread = seed_spread(per_seed, exclude_below=settings.exclude_below, a_grid=settings.a_values).to_dict()
+            row["A_seed_half_range"] = spread["A_half_range"]
+        except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
+            row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
+    return row
+
+
+def _against_baseline(table: pd.DataFrame, model: Model, margin: float) -> pd.DataFrame:
+    """The paper's verdict of each fitted variant against the baseline, and its B at the shared A."""
+    fits, fcs = model.fits, model.forecasts
+    verdicts, b_shared = [], []
+    for v in table["variant"]:
+        if v == "baseline" or v not in fits:
+            verdicts.append("baseline" if v == "baseline" else "")
+            b_shared.append(np.nan)
+            continue
+        c = compare_fits(
+            fits["baseline"], fits[v], margin=margin, names=("baseline", v), forecasts=(fcs["baseline"], fcs[v])
+        )
+        verdicts.append(_short_verdict(c, fcs["baseline"], fcs[v]))
+        b_shared.append(c.B_candidate if c.rule == "B" else np.nan)
+    table["verdict"] = verdicts
+    table["B_at_shared_A"] = b_shared
+    return table
+
+
+def _pooled_label(f: Any) -> str:
+    """How a variant's B was fitted: pooled with the campaign's, alone (and why), or on its own."""
+    prior = getattr(f, "prior", None)
+    if prior is not None:
+        return f"pooled (campaign B {prior.B:.2f})"
+    note = getattr(f, "pool_note", "")
+    return f"alone: {note}" if note else "alone"
+
+
+def calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
+    """Each variant against the baseline at the budget both reached (the smaller), from the fit to all
+    of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet."""
+    rows = []
+    for v in model.budgets:
+        if v == "baseline":
+            continue
+        where = min(model.budgets[v], model.budgets.get("baseline", np.inf))
+        row: dict[str, Any] = {"variant": v}
+        for m, key in ((model, "call"), (half, "half_call")):
+            if "baseline" not in m.forecasts or v not in m.forecasts:
+                why = m.failed.get(v if v not in m.forecasts else "baseline", "no fit")
+                row[key], row[f"{key}_text"] = "cannot tell yet", f"cannot tell yet: {why}"
+                continue
+            c = call_difference(m.forecasts[v], m.forecasts["baseline"], where, margin=margin)
+            row[key], row[f"{key}_text"] = c.label, c.text(margin)
+            row[f"{key}_delta"], row[f"{key}_lo"], row[f"{key}_hi"] = c.delta, c.lo, c.hi
+        rows.append(row)
+    return pd.DataFrame(
+        rows, columns=["variant", "call", "call_text", "half_call", "half_call_text"] if not rows else None
+    )
+
+
+def _resolvable(curves: pd.DataFrame, x: str, cfg: FitSettings) -> pd.DataFrame:
+    """The smallest difference each comparison resolves at the budget (80% power; ``analysis.planner``)."""
+    rows = seed_plan(curves, x, cfg.margin, cfg.last_k).rows
+    out = pd.DataFrame(rows, columns=["variant", "resolvable", "resolvable_last_k"] if not rows else None)
+    return out[["variant", "resolvable", "resolvable_last_k"]]
+
+
+def measured_at_budget(
+    curves: pd.DataFrame, x: str, margin: float, level: float = 0.95, fraction: float = 1.0, last_k: int = 3
+) -> pd.DataFrame:
+    """Each variant against the baseline where both were measured, no extrapolation.
+
+    At ``fraction`` of the smaller of the two final computes (1: the budget; 0.5: half of it, where
+    a difference in efficiency shows before curves that reach the same plateau meet), each seed's
+    mean@16 (interpolated between its evaluations), and beside it each seed's mean over its last
+    ``last_k`` evaluations up to there (less noisy than one evaluation); the difference of the seed
+    means with a t interval whose seed-to-seed s.d. is pooled over every variant of the campaign at
+    that fraction of its own final compute (df = Σ(seeds − 1)): seeds are the unit of uncertainty,
+    evaluation noise included. The label uses the paper's margin:
+    ``worse`` / ``better`` (the whole interval beyond it), ``within the margin`` (inside it), else
+    ``not resolved``. Valid whatever the fits say: it describes the budget that was run.
+    """
+    from scipy import stats
+
+    def at(g: pd.DataFrame, where: float, k: int) -> np.ndarray:
+        out = []
+        for _, gs in g.sort_values(x).groupby("seed"):
+            if k == 1:
+                out.append(float(np.interp(where, gs[x], gs[MEAN_AT_16])))
+            else:
+                before = gs.loc[gs[x] <= where * (1 + 1e-9), MEAN_AT_16].to_numpy()
+                out.append(float(before[-k:].mean()) if len(before) else np.nan)
+        return np.array(out)
+
+    groups = dict(tuple(curves.groupby("variant", sort=False)))
+    if "baseline" not in groups:
+        return pd.DataFrame(columns=["variant"])
+    ends = {v: float(g.groupby("seed")[x].max().min()) for v, g in groups.items()}
+    cols: dict[str, dict[str, Any]] = {}
+    for k, prefix in ((1, "measured"), (last_k, f"measured_last{last_k}")):
+        finals = {v: at(g, fraction * ends[v], k) for v, g in groups.items()}
+        df = sum(len(v) - 1 for v in finals.values())
+        sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in finals.values()) / df)) if df else np.nan
+        t = float(stats.t.ppf(0.5 + level / 2, df)) if df else np.nan
+        for v, g in groups.items():
+            if v == "baseline":
+                continue
+            where = fraction * min(ends[v], ends["baseline"])
+            b, c = at(groups["baseline"], where, k), at(g, where, k)
+            delta = float(c.mean() - b.mean())
+            half = t * sd * np.sqrt(1 / len(b) + 1 / len(c)) if df else np.nan
+            lo, hi = delta - half, delta + half
+            side = against_margin(lo, hi, margin) if df else "one seed each: no interval"
+            label = {"within": f"within the margin ±{margin:g}", None: "not resolved"}.get(side, side)
+            text = f"{label}: Δ {delta:+.3f}" + (f" [{lo:+.3f}, {hi:+.3f}]" if df else "")
+            row = cols.setdefault(v, {"variant": v, "budget": where})
+            row.update({f"{prefix}_delta": delta, f"{prefix}_lo": lo, f"{prefix}_hi": hi, f"{prefix}_label": label})
+            row[prefix] = text + (f" at {where:.3g} {x.split('/')[-1]}" if k == 1 else "")
+    return pd.DataFrame(list(cols.values()))
+
+
+def _note_dropped(rows: list[dict[str, Any]], dropped: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's rows with each variant's bad points (``bad_points``): every one in its note, the
+    first three in ``dropped`` (the Markdown table's); a variant with no point left gets a row."""
+    whys = {v: list(w) for v, w in dropped.groupby("variant")["why"]}
+    for row in rows:
+        if row["variant"] in whys:
+            w = whys.pop(row["variant"])
+            said = f"{len(w)} bad point(s) left out: {'; '.join(w)}"
+            brief = f"{len(w)} bad point(s) left out: {'; '.join(w[:3])}" + ("; …" if len(w) > 3 else "")
+            row.update(dropped=brief, note="; ".join(filter(None, [row.get("note", ""), said])))
+    left = [{"variant": v, "seeds": 0, "points": 0, "note": "no fit: every point is bad"} for v in whys]
+    return rows + _note_dropped(left, dropped[dropped["variant"].isin(whys)]) if left else rows
+
+
+def _flag_identical_curves(curves: pd.DataFrame, table: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Say when a variant's mean@16 curve equals the baseline's at every step: the axis did not act
+    (any difference in the fit then comes from the compute axis alone)."""
+    if "baseline" not in set(curves["variant"]):
+        return table
+    key = ["seed", "step"]
+    base = curves[curves["variant"] == "baseline"].set_index(key)[MEAN_AT_16]
+    same = []
+    for v in table["variant"]:
+        g = curves[curves["variant"] == v].set_index(key)[MEAN_AT_16]
+        common = base.index.intersection(g.index)
+        same.append(v != "baseline" and len(common) == len(g) > 0 and bool(np.allclose(base[common], g[common])))
+    table["identical_to_baseline"] = same
+    if "verdict" in table:
+        table.loc[table["identical_to_baseline"], "verdict"] = (
+            "identical mean@16 to the baseline at every step: the axis did not act here (any difference in the "
+            f"fit comes from {x} alone)"
+        )
+    return table
+
+
+def _short_verdict(c, base: Forecast, cand: Forecast) -> str:
+    """The paper's verdict with its significance under the calibrated uncertainty of both fits."""
+    if c.rule == "undecided":
+        return c.verdict
+    level = f"{base.level:.0%}"
+    if c.rule == "value":  # no asymptote to compare (a power law): the predicted values at the budget
+        d = c.value_candidate - c.value_baseline
+        where = f"predicted value at the budget {c.budget:.4g} (no asymptote to compare)"
+        if c.winner == "tie" and abs(d) <= base.margin:
+            return f"no measurable difference: same {where} within ±{base.margin} (Δ {d:+.3f})"
+        text = f"{'better' if d > 0 else 'worse'} {where}: Δ {d:+.3f}"
+        if c.delta_value_interval is not None:
+            d_lo, d_hi = c.delta_value_interval
+            text += f", {level} interval [{d_lo:+.3f}, {d_hi:+.3f}]"
+            text += ": not significant" if d_lo <= 0 <= d_hi else ""
+        return text
+    if c.winner == "tie" and c.rule == "B":
+        return f"tie (same A within ±{abs(c.A_baseline - c.A_candidate):.3f}, same B)"
+    tie = base.b_tie(cand, c.B_candidate) if c.rule == "B" else None
+    if tie is not None:  # the baseline's model says how its uncertainty cannot tell the two B's apart
+        return (
+            f"no measurable difference: same A within margin; refitted at shared A = {c.shared_A:.3f}, "
+            f"B {c.B_candidate:.2f} vs {c.B_baseline:.2f}{tie}"
+        )
+    if c.rule == "A":
+        better = c.A_candidate > c.A_baseline
+        text = f"{'better' if better else 'worse'} asymptote (ΔA {c.A_candidate - c.A_baseline:+.3f}"
+        if c.delta_A_interval is not None:
+            d_lo, d_hi = c.delta_A_interval
+            text += f", {level} interval [{d_lo:+.3f}, {d_hi:+.3f}])"
+            if d_lo <= 0.0 <= d_hi:
+                text += ": not significant"
+        else:
+            text += ")"
+        return text
+    better = c.winner == c.candidate
+    return (
+        f"same A within margin; {'more' if better else 'less'} compute-efficient "
+        f"(B {c.B_candidate:.2f} vs {c.B_baseline:.2f} at A={c.shared_A:.3f})"
+    )
+
+
+def extrapolation_check(
+    curves: pd.DataFrame,
+    settings: FitSettings,
+    frac: float = 0.5,
+    n_boot: int = HALF_RESAMPLES,
+    model: Model | None = None,
+) -> pd.DataFrame:
+    """Fit the campaign on each variant's first ``frac`` of compute (jointly unless ``fit.pooling:
+    none``) and predict each variant's final value (``model``: that fit, when already made). A
+    variant whose first ``frac`` holds too few evaluations to fit is fitted on the smallest share
+    that holds enough (``fit_share``, in the row).
+
+    Two targets, side by side: the mean over seeds of each seed's last evaluation, and of each
+    seed's mean over its last ``fit.last_k`` evaluations (less noisy). For each: the prediction,
+    the error (predicted - observed), the band for that mean of the variant's seeds at the
+    campaign's level, whether the observation landed in it and the standardised error (z); then
+    the forecast's verdict and expected error. A variant that is not a sigmoid has no band. This
+    is the paper's claim put to the test: a curve fitted early predicts late.
+    """
+    x, y, k = settings.x, MEAN_AT_16, settings.last_k
+    curves = bad_points(curves, x)[0]
+    model = model or campaign_model(curves, settings, n_boot, fraction=frac)
+    rows = []
+    for variant, g in curves.groupby("variant", sort=False):
+        by_seed = g.sort_values(x).groupby("seed")
+        last = by_seed.last()
+        tail = by_seed.tail(k)
+        x_end, observed = float(last[x].mean()), float(last[y].mean())
+        x_tail = tail[x].to_numpy(float)  # every seed's last k: their mean is the mean of the seeds' means
+        window = int(tail.groupby("seed").size().min())  # fewer than k where a seed has fewer evaluations
+        budget = float(g[x].max())
+        upto = model.fit_upto.get(variant)  # none: no share holds a fit and a point after it (or fitted on all)
+        share = None if upto is None else upto / budget
+        upto = frac * budget if upto is None else upto
+        row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": x_end, "observed": observed}
+        row[f"observed_last{k}"] = float(tail[y].mean())  # less sensitive to one noisy evaluation
+        row["last_k"] = k
+        if variant not in model.fits:
+            row["note"] = model.failed.get(variant, "no fit")
+            rows.append(row)
+            continue
+        f, fc = model.fits[variant], model.forecasts[variant]
+        seeds = len(last)
+        pred = float(f.predict(np.array([x_end]))[0])
+        pred_k = float(f.predict(x_tail).mean())
+        row.update(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - observed)
+        row[f"predicted_last{k}"] = pred_k
+        row[f"error_last{k}"] = pred_k - row[f"observed_last{k}"]
+        # a k-seed mean of one evaluation, and of the last k where the model has a noise estimate for them
+        lo, hi = fc.target_band([x_end], seeds)
+        sd = fc.expected_error_at([x_end], seeds)
+        lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
+        if window in fc.mean_windows:
+            lo_k, hi_k = fc.target_band(x_tail, seeds, window=window)
+            sd_k = fc.expected_error_at(x_tail, seeds, window)
+        row.update(band_lo=lo, band_hi=hi, in_band=bool(lo <= observed <= hi), z=(pred - observed) / sd)
+        row.update(
+            {
+                f"band_last{k}_lo": lo_k,
+                f"band_last{k}_hi": hi_k,
+                f"in_band_last{k}": bool(lo_k <= row[f"observed_last{k}"] <= hi_k),
+                f"z_last{k}": row[f"error_last{k}"] / sd_k,
+                f"expected_error_last{k}": sd_k,
+            }
+        )
+        row.update(
+            level=settings.level,
+            verdict=fc.verdict.label,
+            reasons="; ".join(fc.verdict.reasons),
+            expected_error=fc.expected_error,
+            fit_model=model.description,
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
