@@ -445,7 +445,9 @@ def campaign_summary(df: pd.DataFrame) -> dict:
         "agree share": (calls["half_call"] == calls["full_call"]).mean() if len(calls) else np.nan,
         "agree (measured)": f"{int((calls['half_call'] == calls['measured_call']).sum())}/{len(calls)}",
         "agree (truth)": (
-            f"{int((calls['half_call'] == calls['true_call']).sum())}/{len(calls)}" if "true_call" in calls else "—"
+            f"{int((calls['half_call'] == calls['true_call']).sum())}/{len(calls)}"
+            if "true_call" in calls and len(calls) and calls["true_call"].notna().all()
+            else "—"
         ),
     }
 
