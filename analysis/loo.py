@@ -106,6 +106,20 @@ def tag_unstable(curves: pd.DataFrame, client: MlflowClient) -> None:
             client.delete_tag(run_id, store.UNSTABLE)
 
 
+def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient) -> None:
+    """Each variant's runs get its reading at the budget as the MLflow tag ``store.READING``
+    ("slower, ceiling not yet told: ..."); a variant with none now loses an earlier one."""
+    readings = {}
+    if "reading" in table:
+        read = table[table["reading"].apply(lambda v: isinstance(v, str) and bool(v))]
+        readings = {r["variant"]: f"{r['reading']}: {r['reading_text']}" for _, r in read.iterrows()}
+    for (variant, _), run_id in curves.groupby(["variant", "seed"])["run_id"].first().items():
+        if variant in readings:
+            client.set_tag(run_id, store.READING, readings[variant][:5000])
+        elif store.READING in client.get_run(run_id).data.tags:
+            client.delete_tag(run_id, store.READING)
+
+
 def write_report(
     campaign: str,
     out: Path,
@@ -123,6 +137,7 @@ def write_report(
     table = write_fit(curves, out, settings, title=campaign)
     client = store.read_client(tracking_uri)
     tag_unstable(curves, client)
+    tag_readings(curves, table, client)
     write_missing_reports(curves, client, out, log=log)
     (out / "runs.md").write_text(runs_markdown(curves, out))
     identical = set(table.loc[table["identical_to_baseline"], "variant"]) if "identical_to_baseline" in table else set()

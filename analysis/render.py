@@ -73,6 +73,8 @@ def to_markdown(table: pd.DataFrame) -> str:
         calls = ""
         if _text(r.get("half_call_text")) or _text(r.get("call_text")):
             calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
+        if _text(r.get("reading_text")):  # slower or lower, as the fit to all of it reads it
+            calls += f" (reading at the budget: {r['reading']}: {r['reading_text']})"
         measured = _text(r.get("measured"))
         if _text(r.get(f"measured_last{k}")):
             measured += f" (last {k}: {_text(r.get(f'measured_last{k}'))})"
@@ -100,6 +102,11 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, settings: FitSe
     if not (extra["fits"] or unfitted):
         return None
     left_out = curves[unstable_points(curves)[0]]  # unstable runs' flagged evaluations
+    table = extra.get("table")
+    readings = {}  # each variant's reading (slower, lower, ...) beside its name in the legend
+    if table is not None and "reading" in table:
+        told = table[table["reading"].apply(lambda v: _text(v) not in ("", "cannot tell yet"))]
+        readings = {r["variant"]: r["reading"] for _, r in told.iterrows()}
     return plot_fits(
         extra["fits"],
         path,
@@ -108,6 +115,7 @@ def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, settings: FitSe
         title=f"{title}: mean@16 vs compute, {settings.model.replace('_', ' ')} fits" if title else None,
         unfitted=unfitted,
         flagged=(left_out[x].to_numpy(float), left_out[MEAN_AT_16].to_numpy(float)),
+        notes=readings,
     )
 
 

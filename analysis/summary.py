@@ -115,6 +115,8 @@ def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
         why = "no fit: " + shorten(_text(r.get("note")))
     else:
         why = shorten(_text(r.get("call_text")))
+    if _text(r.get("reading")) and r["reading"] != "cannot tell yet":  # slower or lower, first
+        why = f"{r['reading']}; {why}"
     return cell, call, why
 
 

@@ -53,7 +53,7 @@ def fit_table(
         table = table.merge(half_m, on="variant", how="left")
     table = table.merge(_resolvable(curves, x, settings), on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
-    return table, {"fits": model.fits, "forecasts": model.forecasts, "model": model, "half": half}
+    return table, {"fits": model.fits, "forecasts": model.forecasts, "model": model, "half": half, "table": table}
 
 
 def variant_row(
@@ -139,7 +139,9 @@ def _pooled_label(f: Any) -> str:
 
 def calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
     """Each variant against the baseline at the budget both reached (the smaller), from the fit to all
-    of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet."""
+    of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet,
+    each with its reading where the fits are sigmoids (``reading``, ``half_reading``: lower, higher,
+    slower, faster, same, or what is not yet told; ``scalefit.slower_or_lower``)."""
     rows = []
     for v in model.budgets:
         if v == "baseline":
@@ -154,6 +156,9 @@ def calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
             c = call_difference(m.forecasts[v], m.forecasts["baseline"], where, margin=margin)
             row[key], row[f"{key}_text"] = c.label, c.text(margin)
             row[f"{key}_delta"], row[f"{key}_lo"], row[f"{key}_hi"] = c.delta, c.lo, c.hi
+            if c.reading is not None:  # slower or lower: ceiling against efficiency
+                reading = key.replace("call", "reading")
+                row[reading], row[f"{reading}_text"] = c.reading.label, c.reading.text()
         rows.append(row)
     return pd.DataFrame(
         rows, columns=["variant", "call", "call_text", "half_call", "half_call_text"] if not rows else None

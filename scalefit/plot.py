@@ -29,6 +29,7 @@ def plot_fits(
     log_x: bool = True,
     unfitted: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None,
     flagged: tuple[np.ndarray, np.ndarray] | None = None,
+    notes: Mapping[str, str] | None = None,
 ) -> Path:
     """One figure with each curve's points, its fit (solid up to fit_upto, dashed beyond), its
     confidence band (dark) and, where its forecast is predictable, its prediction band (light);
@@ -38,8 +39,9 @@ def plot_fits(
     verdict in its label; a fit whose optimum sits on a grid edge as points only, and so is each
     curve in ``unfitted`` (name → compute, values: a curve with no fit at all, e.g. a flat one),
     so no measured curve is missing from the figure; ``flagged`` (compute, values: evaluations left
-    out of the fits as unstable, ``scalefit.unstable``) are drawn as red crosses. Compute is on a
-    log scale, as in the paper.
+    out of the fits as unstable, ``scalefit.unstable``) are drawn as red crosses; ``notes`` (name →
+    a few words, e.g. its reading "slower, ceiling not yet told") end a curve's legend label. Compute
+    is on a log scale, as in the paper.
     Each curve has its own colour and marker (curves that overlap stay apart), the legend sits
     outside the axes, and the y-range is the measured values' (not a fixed 0-1) plus the drawn
     asymptotes inside [0, 1].
@@ -68,6 +70,8 @@ def plot_fits(
         label = f"{name}: {f.describe()}"
         if not ok:
             label += " — not yet predictable"
+        if notes and notes.get(name):
+            label += f" — {notes[name]}"
         cut = f.compute.max()
         seen, beyond = grid <= cut, grid >= cut
         ax.plot(  # its marker shows in the legend only (markevery: none on the line)

@@ -140,3 +140,63 @@ def test_a_predictable_forecast_still_steepening_needs_its_own_fit_to_back_a_cal
     assert call.label == "cannot tell yet" and "own fit does not back it" in call.reason, call
     gain = call_difference(half.forecasts["length=penalty"], base, budget, margin=settings.margin)
     assert gain.label == "better" and past_knee(half.forecasts["length=penalty"]), gain
+
+
+@pytest.fixture(scope="module")
+def efficiency_table():
+    """A synthetic efficiency campaign through the LOO table: the baseline, a learning rate halved
+    (C_mid 2x, same A) and a lower control (A - 0.08), 4 seeds, run to 6x the baseline's C_mid."""
+    from analysis.table import fit_table
+    from runners.ops.campaign import fit_settings
+
+    truth = {"baseline": (CM, 1.8, 0.75), "lr_half": (2 * CM, 1.8, 0.75), "control=lower": (CM, 1.8, 0.67)}
+    df = campaign_runs(truth, seeds=4, seed=5, c_max=8 * CM, n_points=41, n_prompts=300, drift_sd=0.005, seed_sd=0.005)
+    df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
+    df = df.rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})
+    df["axis"], df["run"] = df["variant"], df["variant"] + "/seed" + df["seed"].astype(str)
+    settings = fit_settings({"a_grid": "0.05:1.0:0.005"})
+    table, extra = fit_table(df, settings, n_boot=200)
+    return df, table.set_index("variant", drop=False), extra, settings
+
+
+def test_the_loo_table_and_its_plot_say_slower_or_lower(efficiency_table, tmp_path, monkeypatch):
+    """Issue 40 item 1: the table says, per variant, whether it differs in its ceiling or its
+    efficiency (``reading``, at the budget and at half of it), and the plot's legend says it too."""
+    from matplotlib.figure import Figure
+
+    from analysis.render import plot_campaign, to_markdown
+
+    df, table, extra, settings = efficiency_table
+    assert table.at["lr_half", "reading"].startswith("slower"), table.at["lr_half", "reading_text"]
+    assert "× the baseline's compute" in table.at["lr_half", "reading_text"]
+    assert table.at["control=lower", "reading"] == "lower", table.at["control=lower", "reading_text"]
+    assert table.at["control=lower", "half_reading"] == "lower"
+    assert "reading at the budget: slower" in to_markdown(table.reset_index(drop=True))
+    saved, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **k: (saved.append(fig), save(fig, *a, **k))[1])
+    plot_campaign(df, extra, tmp_path / "loo_curves.png", settings)
+    labels = [t.get_text() for t in saved[0].axes[0].get_legend().get_texts()]
+    assert any(t.startswith("lr_half") and "— slower" in t for t in labels), labels
+    assert any(t.startswith("control=lower") and t.endswith("— lower") for t in labels), labels
+
+
+def test_each_variant_s_runs_carry_its_reading_in_mlflow(efficiency_table, tmp_path):
+    """A real SQLite store: every run of a variant gets ``prl.reading``; a refit with no reading for
+    it removes the tag."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.loo import tag_readings
+    from runners.ops import store
+
+    df, table, _, _ = efficiency_table
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("c")
+    ids = {run: client.create_run(exp, run_name=run).info.run_id for run in df["run"].unique()}
+    df = df.assign(run_id=df["run"].map(ids))
+    tag_readings(df, table.reset_index(drop=True), client)
+    tags = {run: client.get_run(i).data.tags.get(store.READING, "") for run, i in ids.items()}
+    assert all(tags[f"lr_half/seed{s}"].startswith("slower") for s in range(4)), tags
+    assert tags["control=lower/seed0"].startswith("lower: lower ceiling")
+    assert not any(tags[f"baseline/seed{s}"] for s in range(4))
+    tag_readings(df, table.reset_index(drop=True).drop(columns=["reading", "reading_text"]), client)
+    assert store.READING not in client.get_run(ids["lr_half/seed0"]).data.tags

@@ -49,6 +49,7 @@ ABANDONED_FOR = "prl.abandoned_for"  # a run that could not be resumed: the run 
 ABANDONED_REASON = "prl.abandoned_reason"
 PLACEMENT = "prl.placement"  # where the run's latest attempt ran: a Ray node, a SLURM job and host
 IMPORTED_FROM = "prl.imported_from"  # a copied run's source run id: a second import skips it
+READING = "prl.reading"  # set by `analysis fit`: slower or lower against the baseline (scalefit.slower_or_lower)
 UNSTABLE = "prl.unstable"  # set by `analysis fit`: where the run left its sibling seeds (scalefit.unstable)
 # MLflow's own experiment tag for which view its UI opens: training runs, not GenAI traces.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
