@@ -31,8 +31,9 @@ import pandas as pd
 
 from runners.contract import MEAN_AT_16
 from runners.ops.adaptive import decide_at
-from runners.ops.campaign import FIT_DEFAULTS, POOLING, Adaptive, X
+from runners.ops.campaign import Adaptive, X
 from scalefit.curve import sigmoid
+from scalefit.settings import POOLING, FitSettings
 from scalefit.synthetic import realistic_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -140,7 +141,7 @@ def main() -> None:
     p.add_argument(
         "--pooling",
         choices=POOLING,
-        default=FIT_DEFAULTS["pooling"],
+        default=FitSettings.pooling,
         help="partial: the campaign's joint model decides (the default); none: each variant fitted alone",
     )
     p.add_argument("--out", default="artifacts/bench-adaptive")
