@@ -663,6 +663,9 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     from runners.ops.tracking import MlflowSink, local_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
+    # the sink's first delay, then every second for its whole two minutes: the write lands within a
+    # second of the server's return, not at the next step of the backoff (up to 15 s later, idle)
+    monkeypatch.setattr(MlflowSink, "RETRY_DELAYS", (1,) * sum(MlflowSink.RETRY_DELAYS))
     store, port = empty_store(store_template, tmp_path / "mlflow.db"), free_port()
     with local_server(store, tmp_path / "art", port=port, log=lambda m: None) as url:
         client = MlflowClient(url)

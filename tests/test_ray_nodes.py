@@ -29,20 +29,27 @@ from tests.campaigns import history_steps, trainers, write_campaign
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def _ray_node(*args: str, log: Path, tries: int = 3) -> subprocess.Popen:
-    """``ray start ARGS --block``: one node, its processes in a session of their own, once it says
-    it started. Ray gives a node's agent 30 s to start (a fixed wait), which a loaded machine can
-    miss: then the node is stopped and started again. A node stopped by SIGTERM shuts down at once
-    instead of draining for up to 30 s, which the test's nodes spent idle at its end."""
+def _launch(*args: str, log: Path) -> subprocess.Popen:
+    """``ray start ARGS --block``: one node, its processes in a session of their own."""
+    cmd = [RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000"]
+    cmd += ["--disable-usage-stats", "--block"]
+    env = {
+        **os.environ,
+        "RAY_raylet_start_wait_time_s": "300",  # Ray's 60 s is short on a loaded machine
+        "RAY_gcs_server_port_wait_time_s": "300",  # a node started beside its head waits for the head's GCS
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # stopped at the end: no 30 s drain (SIGTERM), idle
+    }
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+
+def _ray_node(*args: str, log: Path, launched: subprocess.Popen | None = None, tries: int = 3) -> subprocess.Popen:
+    """A node (``launched``, or one launched here) once it says it started. Ray gives a node's agent
+    30 s to start (a fixed wait), which a loaded machine can miss: then the node is stopped and
+    started again. A node stopped by SIGTERM shuts down at once instead of draining for up to 30 s,
+    which the test's nodes spent idle at its end."""
     for _ in range(tries):
-        cmd = [RAY, "start", *args, "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000"]
-        cmd += ["--disable-usage-stats", "--block"]
-        env = {
-            **os.environ,
-            "RAY_raylet_start_wait_time_s": "300",  # Ray's 60 s is short on a loaded machine
-            "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",  # stopped at the end: no 30 s drain (SIGTERM), idle
-        }
-        proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = launched or _launch(*args, log=log)
+        launched = None
         deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline and "Ray runtime started" not in log.read_text():
             time.sleep(1.0)
@@ -52,38 +59,37 @@ def _ray_node(*args: str, log: Path, tries: int = 3) -> subprocess.Popen:
     raise AssertionError(f"ray start {' '.join(args)} failed {tries} times:\n{log.read_text()[-2000:]}")
 
 
-def _stop(node: subprocess.Popen) -> None:
-    """Stop one node: its ``ray start`` and every process of its session (never `ray stop`, which
-    would stop every Ray on this machine)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(node.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        node.wait(timeout=30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(node.pid, signal.SIGKILL)
-    node.wait()
+def _stop(*nodes: subprocess.Popen) -> None:
+    """Stop nodes, all at once: each one's ``ray start`` and every process of its session (never
+    `ray stop`, which would stop every Ray on this machine)."""
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGTERM)
+    deadline = time.time() + 30
+    for node in nodes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.wait(timeout=max(0.1, deadline - time.time()))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
 
 
 @contextlib.contextmanager
 def two_nodes(tmp: Path) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A head node and a worker node (resource ``worker``) on this machine; the driver connected."""
+    """A head node and a worker node (resource ``worker``) on this machine; the driver connected.
+    The worker is launched beside the head (their start-ups overlap) and joins it once its GCS answers."""
     import ray
 
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     nodes: list[subprocess.Popen] = []
     try:
         port = free_port()
-        nodes.append(
-            _ray_node(
-                "--head",
-                f"--port={port}",
-                "--include-dashboard=false",
-                f"--temp-dir={temp_dir}",
-                log=tmp / "ray-head.log",
-            )
-        )
         address = f"127.0.0.1:{port}"
-        nodes.append(_ray_node(f"--address={address}", '--resources={"worker": 1}', log=tmp / "ray-worker.log"))
+        head = ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+        worker = [f"--address={address}", '--resources={"worker": 1}']
+        nodes += [_launch(*head, log=tmp / "ray-head.log"), _launch(*worker, log=tmp / "ray-worker.log")]
+        nodes[0] = _ray_node(*head, log=tmp / "ray-head.log", launched=nodes[0])
+        nodes[1] = _ray_node(*worker, log=tmp / "ray-worker.log", launched=nodes[1])
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
         deadline = time.time() + 120
         while len([n for n in ray.nodes() if n["Alive"]]) < 2:
@@ -92,8 +98,7 @@ def two_nodes(tmp: Path) -> Iterator[tuple[str, subprocess.Popen]]:
         yield address, nodes[1]
     finally:
         ray.shutdown()
-        for node in reversed(nodes):
-            _stop(node)
+        _stop(*reversed(nodes))
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
