@@ -490,6 +490,8 @@ def _withheld(call: Call, why: str, open_ceiling: bool = False) -> Call:
     either, and the reading says what compute would tell them apart."""
     r = call.reading
     efficiency = r.efficiency if r is not None and r.ceiling == "cannot tell" else ""
+    if (efficiency, call.delta < 0) not in (("slower", True), ("faster", False)):
+        efficiency = ""  # a variant behind at the budget is not explained by its being faster, nor ahead by slower
     which = UNSEPARATED.get(call.label) or UNSEPARATED.get({"slower": "worse", "faster": "better"}.get(efficiency, ""))
     if which and (open_ceiling or efficiency in ("slower", "faster")):
         told = ""

@@ -200,3 +200,21 @@ def test_each_variant_s_runs_carry_its_reading_in_mlflow(efficiency_table, tmp_p
     assert not any(tags[f"baseline/seed{s}"] for s in range(4))
     tag_readings(df, table.reset_index(drop=True).drop(columns=["reading", "reading_text"]), client)
     assert store.READING not in client.get_run(ids["lr_half/seed0"]).data.tags
+
+
+def test_a_variant_behind_is_never_framed_faster_or_higher():
+    """loo-gpu's off_policy=ppo at half the budget: Δ -0.116, its ceiling far lower (ΔA -0.42) but
+    open at the grid's edge, its fitted knee earlier (efficiency "faster"). Behind at the budget, it
+    is not "faster or higher"; a slower variant behind is "slower or lower"."""
+    from scalefit import prediction
+    from scalefit.prediction import Call
+    from scalefit.slower_or_lower import Separation
+
+    def reading(later: float) -> Separation:
+        span = (later / 2, later * 2)
+        return Separation(-0.42, (-0.47, -0.32), True, 0.36, later, span, 0.0, (-0.01, 0.01), None, 0.02, 1e4)
+
+    behind = Call("cannot tell yet", -0.116, -0.153, -0.009, "", reading(0.04))
+    assert prediction._withheld(behind, "straddles").reason == "straddles"
+    slower = Call("cannot tell yet", -0.116, -0.153, -0.009, "", reading(3.0))
+    assert prediction._withheld(slower, "straddles").text(0.02).startswith("slower or lower: cannot tell yet")
