@@ -331,3 +331,17 @@ def test_a_slurm_campaign_without_sbatch_is_refused_before_anything_runs(store, 
     with pytest.raises(CampaignError, match="sbatch, squeue, scancel not found on PATH"):
         run_campaign(path, log=lambda m: None)
     assert MlflowClient(store).get_experiment_by_name("no-slurm") is None
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "nan", "3601"])
+def test_a_bad_slurm_poll_interval_is_one_line_before_anything_runs(tmp_path, monkeypatch, value):
+    """``PRL_SLURM_POLL_S`` (seconds between two squeue calls) that is not a number of seconds is
+    refused by the backend's check, naming the variable, as a bad campaign key is."""
+    from runners.ops.slurm import check_slurm, poll_s
+
+    assert poll_s() == 1.0  # the suite's (tests/conftest.py); 5 s where it is unset
+    monkeypatch.setenv("PRL_SLURM_POLL_S", value)
+    with pytest.raises(CampaignError, match=rf"PRL_SLURM_POLL_S = '{value}': expected seconds between two squeue"):
+        check_slurm()
+    monkeypatch.delenv("PRL_SLURM_POLL_S")
+    assert poll_s() == 5.0

@@ -65,7 +65,7 @@ try:
 except ImportError:  # the registry still loads; the backend's check names the set-up that installs it
     submitit, _Checkpointable = None, object
 
-POLL_S = float(os.environ.get("PRL_SLURM_POLL_S", "5"))  # between two squeue calls (the tests take 1 s)
+POLL_S = 5.0  # seconds between two squeue calls, unless PRL_SLURM_POLL_S says otherwise (poll_s)
 GONE_GRACE_S = 30.0  # a job absent from squeue without a result file: wait this long for a shared filesystem
 # squeue states of a job that is not over (a requeued job goes back to PENDING under the same id)
 LIVE = {
@@ -171,6 +171,19 @@ def check_slurm() -> None:
             f"backend slurm: {', '.join(missing)} not found on PATH; run the campaign where SLURM's "
             "client commands work (a login node of the cluster)"
         )
+    poll_s()
+
+
+def poll_s() -> float:
+    """Seconds between two squeue calls: ``PRL_SLURM_POLL_S`` (the test suite takes 1), else ``POLL_S``."""
+    raw = os.environ.get("PRL_SLURM_POLL_S", "").strip()
+    try:
+        value = float(raw) if raw else POLL_S
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 600:
+        raise CampaignError(f"PRL_SLURM_POLL_S = {raw!r}: expected seconds between two squeue calls (0-600), e.g. 5")
+    return value
 
 
 class RunJob(_Checkpointable):
@@ -351,7 +364,7 @@ class _Driver:
             self.log(f"  cancelled job {job_id} of an earlier invocation for {j.name}: its tracking server is gone")
             deadline = time.time() + 120
             while time.time() < deadline and ((self.queue() or {}).get(job_id) or ("",))[0] in LIVE:
-                time.sleep(POLL_S)  # its run ends before the new job's run starts
+                time.sleep(poll_s())  # its run ends before the new job's run starts
         return False
 
     def build_base_models(self, todo: list[RunSpec], root: Path) -> None:
@@ -395,7 +408,7 @@ class _Driver:
     def step(self) -> list[tuple[_Job, bool, str]]:
         """Wait ``POLL_S``; the jobs that are over since, done or not, and why (jobs that ended early
         are submitted again, and not over)."""
-        time.sleep(POLL_S)
+        time.sleep(poll_s())
         states = self.queue()
         if states is None:
             return []
