@@ -198,7 +198,7 @@ class LocalBackend(Backend):
         return f" on cuda:{device}" if device is not None else ""
 
     def poll(self) -> list[Ended]:
-        time.sleep(1.0)
+        _until_one_ends([r.proc for r in self.running], 1.0)
         ended = []
         for r in list(self.running):
             _echo_progress(r, self.log)
@@ -232,6 +232,14 @@ def cores() -> int:
     not the host's count (a run given every core of a 64-core node while its job holds 4 oversubscribes
     them ~16x)."""
     return usable_cores()
+
+
+def _until_one_ends(procs: list[subprocess.Popen], seconds: float) -> None:
+    """Wait ``seconds`` (the progress echo's beat), or less once one of ``procs`` has ended: the next
+    run starts at once, not up to a second later."""
+    deadline = time.monotonic() + seconds
+    while all(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _start(launch: Launch, device: str | None, threads: int) -> _Running:
