@@ -51,11 +51,15 @@ def history_steps(client, run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def assert_ran_together(lines: list[str], client, runs) -> None:
+def assert_ran_together(lines: list[str], client, runs, interleaved: bool = True) -> None:
     """The campaign's runs really ran at the same time: all were started before the first one
-    ended, and the store took their writes interleaved (which pairs overlap depends on the load)."""
+    ended, and (``interleaved``) the store took their writes interleaved (which pairs overlap depends
+    on the load; runs of very different lengths, a 27k-parameter model's 1 s of writes beside a
+    larger one's, need not overlap in their writes, only in their processes)."""
     first_end = next(i for i, x in enumerate(lines) if "] done " in x or "] FAILED " in x)
     assert sum("] start " in x for x in lines[:first_end]) == len(runs), lines
+    if not interleaved:
+        return
     spans = []
     for r in runs:
         stamps = [m.timestamp for key in r.data.metrics for m in client.get_metric_history(r.info.run_id, key)]
