@@ -95,15 +95,20 @@ def write_fit(curves: pd.DataFrame, out: Path, settings: FitSettings, title: str
     return table
 
 
+def _tag_runs(curves: pd.DataFrame, client: MlflowClient, key: str, values: dict[tuple[str, int], str]) -> None:
+    """Each run (one per variant and seed) gets ``values[(variant, seed)]`` as its MLflow tag ``key``;
+    a run with none loses the tag an earlier fit gave it."""
+    for (variant, seed), run_id in curves.groupby(["variant", "seed"])["run_id"].first().items():
+        if (variant, seed) in values:
+            client.set_tag(run_id, key, values[(variant, seed)][:5000])
+        elif key in client.get_run(run_id).data.tags:
+            client.delete_tag(run_id, key)
+
+
 def tag_unstable(curves: pd.DataFrame, client: MlflowClient) -> None:
     """Each flagged run gets its flag as the MLflow tag ``store.UNSTABLE`` (the Flag's text); a run
     flagged by an earlier fit and steady now loses it."""
-    flags = {(f.variant, f.seed): f.text() for f in steady_points(curves)[1]}
-    for (variant, seed), run_id in curves.groupby(["variant", "seed"])["run_id"].first().items():
-        if (variant, seed) in flags:
-            client.set_tag(run_id, store.UNSTABLE, flags[(variant, seed)])
-        elif store.UNSTABLE in client.get_run(run_id).data.tags:
-            client.delete_tag(run_id, store.UNSTABLE)
+    _tag_runs(curves, client, store.UNSTABLE, {(f.variant, f.seed): f.text() for f in steady_points(curves)[1]})
 
 
 def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient) -> None:
@@ -113,11 +118,8 @@ def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient
     if "reading" in table:
         read = table[table["reading"].apply(lambda v: isinstance(v, str) and bool(v))]
         readings = {r["variant"]: f"{r['reading']}: {r['reading_text']}" for _, r in read.iterrows()}
-    for (variant, _), run_id in curves.groupby(["variant", "seed"])["run_id"].first().items():
-        if variant in readings:
-            client.set_tag(run_id, store.READING, readings[variant][:5000])
-        elif store.READING in client.get_run(run_id).data.tags:
-            client.delete_tag(run_id, store.READING)
+    runs = curves[["variant", "seed"]].drop_duplicates().itertuples(index=False)
+    _tag_runs(curves, client, store.READING, {(v, s): readings[v] for v, s in runs if v in readings})
 
 
 def write_report(

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from scalefit.curve import sigmoid
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
@@ -245,8 +246,9 @@ def _a_open(fc) -> bool:
 
 
 def _curve(params: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """``scalefit.curve.sigmoid`` of each row of ``params`` (A, B, C_mid, R0) at each ``c``: (rows, points)."""
     a, b, cm, r0 = (params[:, i : i + 1] for i in range(4))
-    return r0 + (a - r0) / (1 + (cm / c[None, :]) ** b)
+    return sigmoid(c[None, :], a, b, cm, r0)
 
 
 def separate(variant, baseline, budget: float, baseline_budget: float | None = None, *, margin: float) -> Separation:

@@ -226,6 +226,14 @@ def _settings(study: str, pooling: str) -> dict:
     return {**fit, "pooling": pooling, "last_k": LAST_K}
 
 
+def as_loo_curves(df: pd.DataFrame) -> pd.DataFrame:
+    """``scalefit.synthetic.campaign_runs``'s table as a campaign's curves (``analysis fit``'s columns):
+    a step every 10, compute in completions, mean@16, each variant its own axis, runs named variant/seedN."""
+    df = df.assign(step=df.groupby(["variant", "seed"]).cumcount() * 10)
+    df = df.rename(columns={"compute": REAL_X, "value": "val/mean_at_16"})
+    return df.assign(axis=df["variant"], run=df["variant"] + "/seed" + df["seed"].astype(str))
+
+
 def synthetic_campaigns(n: int, seed: int = 0):
     """(name, curves, fit settings) of n synthetic campaigns with known truth: 6-10 variants each,
     B spread around a campaign value (none, a little, a lot), budgets from near the knee to well past it."""
@@ -254,9 +262,7 @@ def synthetic_campaigns(n: int, seed: int = 0):
             drift_phi=float(rng.uniform(0.6, 0.95)),
             seed_sd=float(rng.uniform(0.003, 0.012)),
         )
-        df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
-        df = df.rename(columns={"compute": REAL_X, "value": "val/mean_at_16"})
-        df["axis"], df["run"] = df["variant"], df["variant"] + "/seed" + df["seed"].astype(str)
+        df = as_loo_curves(df)
         yield f"synthetic#{i} (tau {tau:g})", df, {"x": REAL_X, "a_grid": "0.05:1.0:0.005", "last_k": LAST_K}
 
 
@@ -295,9 +301,7 @@ def efficiency_campaigns(n: int, seed: int = 7):
             drift_phi=float(rng.uniform(0.6, 0.95)),
             seed_sd=float(rng.uniform(0.003, 0.01)),
         )
-        df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
-        df = df.rename(columns={"compute": REAL_X, "value": "val/mean_at_16"})
-        df["axis"], df["run"] = df["variant"], df["variant"] + "/seed" + df["seed"].astype(str)
+        df = as_loo_curves(df)
         yield f"efficiency#{i}", df, {"x": REAL_X, "a_grid": "0.05:1.0:0.005", "last_k": LAST_K}
 
 
@@ -310,19 +314,6 @@ def true_calls(curves: pd.DataFrame, margin: float) -> dict[str, str]:
         d = t - end["baseline"]
         out[v] = "worse" if d < -margin else "better" if d > margin else "no difference"
     return out
-
-
-def _reading(model, variant: str, margin: float) -> str:
-    """The half-budget reading of ``variant`` against the baseline at the budget both reached
-    (``scalefit.prediction.reading``: lower, higher, slower, faster, same, or what is not yet told)."""
-    from scalefit.prediction import reading
-
-    fcs = model.forecasts
-    if variant not in fcs or "baseline" not in fcs:
-        return "no fit"
-    at = min(model.budgets[variant], model.budgets["baseline"])
-    r = reading(fcs[variant], fcs["baseline"], (at, at), margin)
-    return r.label if r is not None else "no reading"
 
 
 def reading_summary(df: pd.DataFrame) -> str:
@@ -402,7 +393,8 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
             )
             if r["variant"] in called.index:
                 row["half_call"] = called.loc[r["variant"], "half_call"]
-                row["half_reading"] = _reading(half, r["variant"], cfg.margin)
+                reading = called.loc[r["variant"]].get("half_reading")  # as the LOO table reads it
+                row["half_reading"] = reading if isinstance(reading, str) else "no reading"
                 row["full_call"] = called.loc[r["variant"], "call"]
                 row["measured_call"] = truth_call.get(r["variant"], "cannot tell yet")
                 if "truth" in curves:

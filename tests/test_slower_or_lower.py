@@ -148,12 +148,11 @@ def efficiency_table():
     (C_mid 2x, same A) and a lower control (A - 0.08), 4 seeds, run to 6x the baseline's C_mid."""
     from analysis.table import fit_table
     from runners.ops.campaign import fit_settings
+    from tests.bench_predict import as_loo_curves
 
     truth = {"baseline": (CM, 1.8, 0.75), "lr_half": (2 * CM, 1.8, 0.75), "control=lower": (CM, 1.8, 0.67)}
     df = campaign_runs(truth, seeds=4, seed=5, c_max=8 * CM, n_points=41, n_prompts=300, drift_sd=0.005, seed_sd=0.005)
-    df["step"] = df.groupby(["variant", "seed"]).cumcount() * 10
-    df = df.rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})
-    df["axis"], df["run"] = df["variant"], df["variant"] + "/seed" + df["seed"].astype(str)
+    df = as_loo_curves(df)
     settings = fit_settings({"a_grid": "0.05:1.0:0.005"})
     table, extra = fit_table(df, settings, n_boot=200)
     return df, table.set_index("variant", drop=False), extra, settings
