@@ -251,16 +251,20 @@ def _curve(params: np.ndarray, c: np.ndarray) -> np.ndarray:
     return sigmoid(c[None, :], a, b, cm, r0)
 
 
-def separate(variant, baseline, budget: float, baseline_budget: float | None = None, *, margin: float) -> Separation:
+def separate(
+    variant, baseline, budget: float, baseline_budget: float | None = None, *, margin: float
+) -> Separation | None:
     """Ceiling against efficiency, from two sigmoid forecasts' draws (paired row by row where they
     come from one simulated campaign). ``budget``: where the variant is compared; the baseline at
-    ``baseline_budget`` (default the same)."""
+    ``baseline_budget`` (default the same). None where no pair of draws is finite: nothing to read."""
     bb = budget if baseline_budget is None else baseline_budget
     level = variant.level
     v, b = _params(variant), _params(baseline)
     n = min(len(v), len(b))
     ok = np.isfinite(v[:n]).all(axis=1) & np.isfinite(b[:n]).all(axis=1)  # pairs where both refits held
     v, b = v[:n][ok], b[:n][ok]
+    if not len(v):
+        return None
     pv, pb = _point(variant), _point(baseline)
     q = central_percentiles(level)
 

@@ -217,3 +217,13 @@ def test_a_variant_behind_is_never_framed_faster_or_higher():
     assert prediction._withheld(behind, "straddles").reason == "straddles"
     slower = Call("cannot tell yet", -0.116, -0.153, -0.009, "", reading(3.0))
     assert prediction._withheld(slower, "straddles").text(0.02).startswith("slower or lower: cannot tell yet")
+
+
+def test_draws_that_all_failed_give_no_reading_not_a_crash(campaign):
+    """A forecast whose every resample failed (NaN draws) has no reading; the table goes on."""
+    import copy
+
+    fcs, budget = campaign
+    broken = copy.copy(fcs["slower"])
+    broken.samples = np.full_like(fcs["slower"].samples, np.nan)
+    assert separate(broken, fcs["baseline"], budget, margin=0.02) is None
