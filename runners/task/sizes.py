@@ -35,12 +35,14 @@ SIZES: dict[str, ModelSize] = {
     "medium": ModelSize(hidden=384, layers=6, heads=6, intermediate=1536, sft_steps=1500, sft_batch=256, sft_lr=1e-3),
     # the across-size family (issue 44), 0.46M to 25.8M parameters with medium (14.2M) among them: width
     # and depth grow together, every one built as medium is (1,500 SFT steps of 256 demonstrations, the
-    # learning rate falling with size); pico (27k) is the second size a CPU test's scale campaign can afford
+    # learning rate falling with size) except large, which needs 3,000 steps to be the best base model
+    # (with 1,500 it started below mini and fell under RL: results/scale-probe/RESULTS.md); pico (27k) is
+    # the second size a CPU test's scale campaign can afford
     "pico": ModelSize(hidden=32, layers=2, heads=2, intermediate=64, sft_steps=100, sft_batch=32, sft_lr=3e-3),
     "nano": ModelSize(hidden=96, layers=3, heads=4, intermediate=384, sft_steps=1500, sft_batch=256, sft_lr=2e-3),
     "micro": ModelSize(hidden=160, layers=4, heads=5, intermediate=640, sft_steps=1500, sft_batch=256, sft_lr=1.5e-3),
     "mini": ModelSize(hidden=256, layers=5, heads=8, intermediate=1024, sft_steps=1500, sft_batch=256, sft_lr=1.2e-3),
-    "large": ModelSize(hidden=448, layers=8, heads=7, intermediate=1792, sft_steps=1500, sft_batch=256, sft_lr=7e-4),
+    "large": ModelSize(hidden=448, layers=8, heads=7, intermediate=1792, sft_steps=3000, sft_batch=256, sft_lr=7e-4),
 }
 
 
