@@ -78,6 +78,8 @@ def to_markdown(table: pd.DataFrame) -> str:
         measured = _text(r.get("measured"))
         if _text(r.get(f"measured_last{k}")):
             measured += f" (last {k}: {_text(r.get(f'measured_last{k}'))})"
+        if _text(r.get(f"steady_measured_last{k}")):  # a run was flagged: the comparison without it too
+            measured += f" (without flagged runs, last {k}: {_text(r.get(f'steady_measured_last{k}'))})"
         half = _text(r.get("half_measured"))
         if _text(r.get(f"half_measured_last{k}")):
             half += f" (last {k}: {_text(r.get(f'half_measured_last{k}'))})"

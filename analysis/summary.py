@@ -66,13 +66,14 @@ def shorten(reason: str) -> str:
     return text
 
 
-def _measured(r: pd.Series, k: int) -> tuple[str, str]:
-    """The measured difference of the seeds' means (last ``k`` evaluations) with its interval, and its label."""
-    d, lo, hi = (_num(r.get(f"measured_last{k}_{c}")) for c in ("delta", "lo", "hi"))
+def _measured(r: pd.Series, k: int, prefix: str = "") -> tuple[str, str]:
+    """The measured difference of the seeds' means (last ``k`` evaluations) with its interval, and its
+    label (``prefix`` "steady_": the comparison without the flagged runs)."""
+    d, lo, hi = (_num(r.get(f"{prefix}measured_last{k}_{c}")) for c in ("delta", "lo", "hi"))
     if d is None:
         return "", ""
     cell = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else f"{d:+.3f}"
-    return cell, _text(r.get(f"measured_last{k}_label"))
+    return cell, _text(r.get(f"{prefix}measured_last{k}_label"))
 
 
 def _baseline_why(r: pd.Series) -> str:
@@ -135,6 +136,17 @@ def _unstable_line(table: pd.DataFrame) -> list[str]:
     return [_cut("unstable runs (left out of the fit, named in the table): " + "; ".join(said), WIDTH)] if said else []
 
 
+def _steady_lines(table: pd.DataFrame, k: int) -> list[str]:
+    """Where a run was flagged, each comparison it touched measured without the flagged runs, a line each."""
+    out = []
+    for _, r in table.iterrows():
+        cell, label = _measured(r, k, "steady_")
+        if cell:
+            said = label.replace("within the margin", "within")
+            out.append(_cut(f"without flagged runs: {r['variant']} measured {cell} {said}", WIDTH))
+    return out
+
+
 def _where(path: Path) -> str:
     """A path as short as it can be said: relative to the working folder when it lies under it."""
     try:
@@ -171,7 +183,7 @@ def summary(
             why = f"{int(r['unfinished'])} of {int(r['seeds'])} runs unfinished; {why}"
         lines.append(_row(w, str(r["variant"]), a_cell, why, delta, call))
     if "unstable" in table:
-        lines += _unstable_line(table)
+        lines += _unstable_line(table) + _steady_lines(table, k)
     lines += [
         _cut(
             f"Δ: the fits' difference at the budget; m: measured (the seeds' last-{k} means) where no fit gives one",

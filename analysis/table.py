@@ -45,12 +45,14 @@ def fit_table(
     if half is None:  # never more resamples than the fit to all of it
         half = campaign_model(curves, settings, min(n_boot, HALF_RESAMPLES), fraction=0.5)
     table = table.merge(calls(model, half, settings.margin), on="variant", how="left")
-    measured = measured_at_budget(curves, x, settings.margin, last_k=settings.last_k)
+    arms = set(model.fits)  # the seed noise of a measured comparison: arms with a fit only
+    measured = measured_at_budget(curves, x, settings.margin, last_k=settings.last_k, arms=arms)
     if len(measured):
         table = table.merge(measured, on="variant", how="left")
-        half_m = measured_at_budget(curves, x, settings.margin, fraction=0.5, last_k=settings.last_k)
+        half_m = measured_at_budget(curves, x, settings.margin, fraction=0.5, last_k=settings.last_k, arms=arms)
         half_m = half_m.rename(columns=lambda c: c if c == "variant" else f"half_{c}")  # where efficiency shows
         table = table.merge(half_m, on="variant", how="left")
+        table = table.merge(measured_steady(curves, flags, settings, arms), on="variant", how="left")
     table = table.merge(_resolvable(curves, x, settings), on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
     return table, {"fits": model.fits, "forecasts": model.forecasts, "model": model, "half": half, "table": table}
@@ -172,8 +174,30 @@ def _resolvable(curves: pd.DataFrame, x: str, cfg: FitSettings) -> pd.DataFrame:
     return out[["variant", "resolvable", "resolvable_last_k"]]
 
 
+def measured_steady(curves: pd.DataFrame, flags: list[Flag], settings: FitSettings, arms: set[str]) -> pd.DataFrame:
+    """The at-budget comparison of the last-k means without the flagged runs (``scalefit.unstable``),
+    as columns ``steady_measured_last{k}`` (text), ``_delta``, ``_lo``, ``_hi``, ``_label``, for each
+    variant whose comparison held one (the variant's or the baseline's); none where no run was flagged."""
+    k = settings.last_k
+    runs = {(f.variant, f.seed) for f in flags}
+    hit = {v for v, _ in runs}
+    keep = [(v, int(s)) not in runs for v, s in zip(curves["variant"], curves["seed"], strict=True)]
+    steady = measured_at_budget(curves[keep], settings.x, settings.margin, last_k=k, arms=arms)
+    if not runs or steady.empty:
+        return pd.DataFrame(columns=["variant"])
+    steady = steady[steady["variant"].isin(hit) | ("baseline" in hit)]
+    cols = [c for c in steady if c.startswith(f"measured_last{k}")]
+    return steady[["variant", *cols]].rename(columns={c: f"steady_{c}" for c in cols})
+
+
 def measured_at_budget(
-    curves: pd.DataFrame, x: str, margin: float, level: float = 0.95, fraction: float = 1.0, last_k: int = 3
+    curves: pd.DataFrame,
+    x: str,
+    margin: float,
+    level: float = 0.95,
+    fraction: float = 1.0,
+    last_k: int = 3,
+    arms: set[str] | None = None,
 ) -> pd.DataFrame:
     """Each variant against the baseline where both were measured, no extrapolation.
 
@@ -181,9 +205,10 @@ def measured_at_budget(
     a difference in efficiency shows before curves that reach the same plateau meet), each seed's
     mean@16 (interpolated between its evaluations), and beside it each seed's mean over its last
     ``last_k`` evaluations up to there (less noisy than one evaluation); the difference of the seed
-    means with a t interval whose seed-to-seed s.d. is pooled over every variant of the campaign at
-    that fraction of its own final compute (df = Σ(seeds − 1)): seeds are the unit of uncertainty,
-    evaluation noise included. The label uses the paper's margin:
+    means with a t interval whose seed-to-seed s.d. is pooled over the variants in ``arms`` (those
+    with a fit: an arm no curve describes, crashed or broken, does not set the others' noise; None,
+    or arms holding no two seeds: every variant) at that fraction of its own final compute (df =
+    Σ(seeds − 1)): seeds are the unit of uncertainty, evaluation noise included. The label uses the paper's margin:
     ``worse`` / ``better`` (the whole interval beyond it), ``within the margin`` (inside it), else
     ``not resolved``. Valid whatever the fits say: it describes the budget that was run.
     """
@@ -206,8 +231,11 @@ def measured_at_budget(
     cols: dict[str, dict[str, Any]] = {}
     for k, prefix in ((1, "measured"), (last_k, f"measured_last{last_k}")):
         finals = {v: at(g, fraction * ends[v], k) for v, g in groups.items()}
-        df = sum(len(v) - 1 for v in finals.values())
-        sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in finals.values()) / df)) if df else np.nan
+        pooled = {v: f for v, f in finals.items() if v in (arms or ())}
+        if sum(len(f) - 1 for f in pooled.values()) == 0:  # no fitted arm with two seeds: every arm
+            pooled = finals
+        df = sum(len(v) - 1 for v in pooled.values())
+        sd = float(np.sqrt(sum(((v - v.mean()) ** 2).sum() for v in pooled.values()) / df)) if df else np.nan
         t = float(stats.t.ppf(0.5 + level / 2, df)) if df else np.nan
         for v, g in groups.items():
             if v == "baseline":

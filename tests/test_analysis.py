@@ -422,6 +422,28 @@ def test_measured_at_the_budget_separates_what_the_seeds_resolve():
     assert "measured at the budget" in to_markdown(table)
 
 
+def test_the_measured_seed_noise_is_pooled_over_arms_with_a_fit_only():
+    """An arm no curve holds (here its runs spliced into one history each: no fit) with seeds far
+    apart does not set the others' measured intervals: the seed sd is pooled over fitted arms. Its
+    own row is still measured, on that sd. Before, one classical sd over every arm widened them all."""
+    spec = {"baseline": (2542, 1.92, 0.61), "lr=slow": (2542, 1.92, 0.50), "agg=same": (2542, 1.92, 0.61)}
+    df = curves(spec, seeds=(0, 1, 2))
+    broken = curves({"broken": (2542, 1.92, 0.45)}, seeds=(0, 1, 2))
+    broken[MEAN_AT_16] += broken["seed"].map({0: -0.2, 1: 0.0, 2: 0.2})  # seeds far apart
+    swap = broken["step"].isin([40, 41])  # compute goes backwards once in each seed: spliced
+    broken.loc[swap, X] = broken.loc[swap].groupby("seed")[X].transform(lambda c: c.to_numpy()[::-1])
+    fit = S({"x": X, "a_grid": "0.30:0.90:0.005"})
+    clean = fit_table(df, fit, n_boot=50)[0].set_index("variant")
+    table = fit_table(pd.concat([df, broken], ignore_index=True), fit, n_boot=50)[0].set_index("variant")
+    assert table.loc["broken", "note"].startswith("no fit: seed 0: compute/gpu_hours goes backwards")
+    for v in ("lr=slow", "agg=same"):
+        for c in ("measured_last3_lo", "measured_last3_hi", "half_measured_last3_lo", "measured_hi"):
+            assert table.loc[v, c] == pytest.approx(clean.loc[v, c], abs=1e-12), (v, c)
+    d = table.loc["broken"]  # its own comparison, on the fitted arms' sd: as narrow as theirs
+    width = clean.loc["agg=same", "measured_last3_hi"] - clean.loc["agg=same", "measured_last3_lo"]
+    assert d["measured_last3_hi"] - d["measured_last3_lo"] == pytest.approx(width, rel=1e-9)
+
+
 def test_measured_at_half_the_budget_shows_an_efficiency_difference_the_budget_hides():
     """A slower learner that reaches the same plateau (a later C_mid) is behind at half the budget,
     where the seeds resolve it, and within reach of the baseline by the end."""

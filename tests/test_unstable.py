@@ -110,6 +110,38 @@ def test_the_loo_table_and_summary_name_the_collapse_and_keep_the_verdicts(tmp_p
     assert "unstable runs" not in summary(clean, tmp_path, margin=0.02)
 
 
+def test_the_at_budget_comparison_is_shown_with_and_without_the_flagged_runs(tmp_path):
+    """A baseline seed that collapses at its last two evaluations and does not recover drags the
+    baseline's measured last-3 mean and widens every measured interval; the table, its Markdown and
+    the summary show each comparison without the flagged run beside it (where none is flagged: not)."""
+    from analysis.loo import fit_table, measured_at_budget, to_markdown
+    from analysis.summary import WIDTH, summary
+
+    df = _campaign()
+    hit = _collapse(_collapse(df, step=230), step=240)
+    settings = fit_settings({"a_grid": "0.30:0.95:0.005"})
+    table, extra = fit_table(hit, settings, n_boot=60)
+    t = table.set_index("variant")
+    assert "steady_measured_last3_delta" in t, list(t)
+    steady = hit[~((hit["variant"] == "baseline") & (hit["seed"] == 1))]
+    want = measured_at_budget(steady, "compute/samples", 0.02, arms=set(extra["fits"])).set_index("variant")
+    for v in ("loss=same", "loss=worse"):
+        for c in ("delta", "lo", "hi"):
+            assert t.loc[v, f"steady_measured_last3_{c}"] == pytest.approx(want.loc[v, f"measured_last3_{c}"]), c
+        assert t.loc[v, "steady_measured_last3_delta"] < t.loc[v, "measured_last3_delta"] - 0.03  # the drag
+        wide = t.loc[v, "measured_last3_hi"] - t.loc[v, "measured_last3_lo"]
+        assert t.loc[v, "steady_measured_last3_hi"] - t.loc[v, "steady_measured_last3_lo"] < wide / 2
+    assert t.loc["loss=same", "steady_measured_last3_label"] == "within the margin ±0.02"
+    md = to_markdown(table)
+    assert md.count("(without flagged runs, last 3: ") == 2
+    lines = [s for s in summary(table, tmp_path, margin=0.02).splitlines() if s.startswith("without flagged runs")]
+    assert [s.split(" measured ")[0].split(": ")[1] for s in lines] == ["loss=same", "loss=worse"]
+    assert all(len(s) <= WIDTH for s in lines) and lines[0].endswith("within ±0.02"), lines
+    clean, _ = fit_table(df, settings, n_boot=60)
+    assert not [c for c in clean if c.startswith("steady_")]
+    assert "without flagged runs" not in to_markdown(clean) + summary(clean, tmp_path, margin=0.02)
+
+
 def test_the_plot_draws_the_flagged_evaluation_it_left_out_of_the_fit(tmp_path, monkeypatch):
     """Left out of the fit, the collapse is still on the figure: a red cross where it was measured
     (each saved figure is recorded, then saved by matplotlib as always)."""
