@@ -259,6 +259,11 @@ class PooledForecast(Forecast):
         p = np.atleast_1d(np.asarray(compute, float)) / float(self.fit.compute.max())
         return np.sqrt(np.maximum(a + b * p, 0.0) / max(n_runs, 1) + self.shared_var / window)
 
+    def noise_sd(self, compute: float, n_runs: int = 1, window: int = 1) -> float:
+        """The seeds' own noise: sd of the mean of ``n_runs`` runs' means over ``window`` evaluations
+        ending at ``compute``, around the mean curve (no parameter uncertainty, no calibration)."""
+        return float(self._sd(window, [compute], n_runs)[0])
+
     def interval(self, param: str) -> tuple[float, float]:
         """The resamples' central interval of ``param``, reaching the fit shown (``interval_holding``)."""
         if self.no_band:
