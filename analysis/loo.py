@@ -70,13 +70,17 @@ def write_missing_reports(curves: pd.DataFrame, client: MlflowClient, out: Path,
 
 def _copy_logged_report(client: MlflowClient, run_id: str, folder: Path) -> None:
     """A run's logged report (artifacts ``report/``) into ``folder``, complete or not at all."""
+    import os
     import shutil
     import tempfile
+    from unittest import mock
 
     from mlflow.artifacts import download_artifacts
 
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+    # without its progress bar: MLflow draws one per download on stderr, a screenful on every re-fit
+    quiet = mock.patch.dict(os.environ, {"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"})
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp, quiet:
         got = download_artifacts(run_id=run_id, artifact_path="report", dst_path=tmp, tracking_uri=client.tracking_uri)
         shutil.rmtree(folder, ignore_errors=True)
         Path(got).rename(folder)

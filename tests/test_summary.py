@@ -130,6 +130,11 @@ def test_a_campaign_fitted_from_mlflow_prints_its_summary_and_its_ui_address(
     check_lines(res.stdout, table)
     assert max(len(line) for line in lines[:-1]) <= WIDTH, res.stdout
     assert f"full table, every reason: {out / 'loo_table.md'}" in res.stdout
+    again = tmp_path_factory.mktemp("fit")  # a re-fit copies the reports the first one logged: quietly
+    res = cli("analysis", "fit", str(concurrent_campaign["path"]), "--out", str(again))
+    assert res.returncode == 0 and "Downloading artifacts" not in res.stderr, res.stderr
+    reports = sorted(p.parent.name for p in (out / "reports").glob("*/report.md"))
+    assert reports and sorted(p.parent.name for p in (again / "reports").glob("*/report.md")) == reports
 
 
 def test_an_interval_reaches_its_estimate_by_widening_never_by_moving():
