@@ -152,7 +152,10 @@ def calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
         row: dict[str, Any] = {"variant": v}
         for m, key in ((model, "call"), (half, "half_call")):
             if "baseline" not in m.forecasts or v not in m.forecasts:
-                why = m.failed.get(v if v not in m.forecasts else "baseline", "no fit")
+                if "baseline" in m.budgets or v not in m.forecasts:
+                    why = m.failed.get(v if v not in m.forecasts else "baseline", "no fit")
+                else:  # a scale campaign: no baseline arm, its sizes meet in sizes.md, not here
+                    why = "no baseline arm to compare with (across sizes: sizes.md)"
                 row[key], row[f"{key}_text"] = "cannot tell yet", f"cannot tell yet: {why}"
                 continue
             c = call_difference(m.forecasts[v], m.forecasts["baseline"], where, margin=margin)

@@ -171,6 +171,9 @@ def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_ot
     out = capsys.readouterr().out
     assert "size=large" in out and "across sizes: 5 size(s)" in out and "forecast of large (N 25.791M)" in out
     assert "leave-one-size-out backtest: 4 size(s)" in out
+    rows = [line for line in out.splitlines() if line.startswith("size=")]  # fitted, just not against a baseline
+    assert len(rows) == len(names) and not any("no fit" in r for r in rows), out
+    assert all("no baseline arm" in r for r in rows), out
     sizes = pd.read_csv(tmp_path / "fit" / "sizes.csv")
     assert set(zip(sizes["size"], sizes["parameters"], strict=True)) == {(n, parameter_count(n)) for n in names}
     assert "forecast of large" in (tmp_path / "fit" / "sizes.md").read_text()
