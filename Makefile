@@ -19,7 +19,7 @@ SLURM_DEBS := slurmctld slurmd slurm-client munge
 WHEELS_PY ?= 3.12
 # make test's pytest-xdist worker processes (0: one process, as plain pytest runs)
 TEST_WORKERS ?= 2
-# the installer of the pinned sets (runners.ops.install; pip when it cannot be installed)
+# the installer of the pinned sets (runners.setup.install; pip when it cannot be installed)
 UV      := uv==0.13.9
 
 .DEFAULT_GOAL := help
@@ -33,13 +33,13 @@ $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || { echo "creating $(VENV) with $(PY)"; $(PY) -m venv $(VENV); }
 	@$(BIN)/pip install --quiet --disable-pip-version-check $(UV) 2>/dev/null || \
 	  echo "($(UV) could not be installed: pip installs the pinned set instead, in minutes rather than seconds)"
-	@$(BIN)/python -m runners.ops.install -r requirements.lock
+	@$(BIN)/python -m runners.setup.install -r requirements.lock
 	@echo "installing this project into $(VENV), editable"
 	@$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
 $(FULL): $(STAMP) requirements-full.lock
-	@$(BIN)/python -m runners.ops.install -r requirements.lock -r requirements-full.lock
+	@$(BIN)/python -m runners.setup.install -r requirements.lock -r requirements-full.lock
 	@touch $(FULL)
 
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
@@ -99,7 +99,7 @@ bench-fsdp: $(STAMP) ## a short run's peak memory on each GPU and tokens/s: make
 	$(BIN)/python -m tests.bench_fsdp $(if $(filter-out scalerl,$(RECIPE)),$(RECIPE),scalerl-gpu4) --gpus $(or $(GPUS),1) $(if $(CONFIG),--accelerate-config $(CONFIG)) $(if $(SHAPE),--random-model $(SHAPE))
 
 wheels: $(FULL) ## pinned runtime wheels for an offline machine → wheels/ [PROVIDED=file of packages it has] [WITH=ray]
-	$(BIN)/python -m runners.ops.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
+	$(BIN)/python -m runners.setup.wheelhouse --out wheels --python $(WHEELS_PY) $(if $(PROVIDED),--provided $(PROVIDED)) $(foreach w,$(WITH),--with $(w))
 
 import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make import SRC=path/mlflow.db [ARTIFACTS=dir]
 	$(BIN)/python -m runners import $(SRC) $(if $(ARTIFACTS),--artifacts $(ARTIFACTS))

@@ -10,8 +10,8 @@ from pathlib import Path
 def cmd_fit(args: argparse.Namespace) -> int:
     from analysis.loo import read_curves, write_fit, write_report
     from analysis.summary import summary
-    from runners.ops.campaign import expand, load_campaign
-    from runners.ops.store import default_tracking_uri
+    from runners.campaign.load import expand, load_campaign
+    from runners.tracking.store import default_tracking_uri
 
     camp = load_campaign(args.campaign)  # its fit: section parsed once, here (camp.fit, a FitSettings)
     out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
@@ -43,9 +43,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 def ui_address(campaign: str, uri: str) -> tuple[str, str]:
-    """How to reach a campaign's curves in MLflow's UI and their address (``runners.ops.ui``): on the
+    """How to reach a campaign's curves in MLflow's UI and their address (``runners.campaign.ui``): on the
     tracking server, or on ``make ui``'s default port over a local store."""
-    from runners.ops import store, ui
+    from runners.campaign import ui
+    from runners.tracking import store
 
     exp_id = store.experiment_id(store.read_client(uri), campaign)
     if uri.startswith(("http://", "https://")):
@@ -56,8 +57,8 @@ def ui_address(campaign: str, uri: str) -> tuple[str, str]:
 def cmd_plan(args: argparse.Namespace) -> int:
     from analysis.loo import bad_points, load_curves, read_curves
     from analysis.planner import plan
-    from runners.ops.campaign import expand, load_campaign
-    from runners.ops.store import default_tracking_uri
+    from runners.campaign.load import expand, load_campaign
+    from runners.tracking.store import default_tracking_uri
 
     camp = load_campaign(args.campaign)
     cfg = camp.fit
@@ -77,7 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_run_report
-    from runners.ops.store import default_tracking_uri
+    from runners.tracking.store import default_tracking_uri
 
     path = write_run_report(
         args.run,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
-from runners.ops import store
+from runners.tracking import store
 from scalefit.settings import FitSettings
 from scalefit.unstable import Flag, flag_runs
 

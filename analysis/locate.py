@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from runners.ops.store import DEFAULT_STORE, StoreError, existing_store
+from runners.tracking.store import DEFAULT_STORE, StoreError, existing_store
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from analysis.curves import bad_points, load_curves, read_curves, steady_points
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model
 from analysis.render import plot_campaign, report_folder, runs_markdown, to_markdown
 from analysis.table import calls, extrapolation_check, fit_table, measured_at_budget
-from runners.ops import store
+from runners.tracking import store
 from scalefit.settings import FitSettings
 
 __all__ = [

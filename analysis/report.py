@@ -20,7 +20,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
-from runners.ops import store
+from runners.tracking import store
 
 TRUNCATION_LIMIT = 0.10  # the paper's instability signal: more than 10% of completions hit the length limit
 ENTROPY_COLLAPSE = 0.10  # entropy below 10% of its starting level

@@ -13,7 +13,7 @@ from runners.task.sizes import SIZES, parameter_count
 from scalefit.errors import FitError
 from scalefit.sizes import MIN_SIZES, backtest_sizes, fit_size, forecast_lines, forecast_size, plot_sizes, size_data
 
-SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.ops.campaign.expand)
+SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.campaign.load.expand)
 
 
 def scale_curves(curves: pd.DataFrame) -> pd.DataFrame:

@@ -6,7 +6,12 @@
   sharding, the one recipe→TRL mapping (``plan``), memory estimate, and ``train``;
 - ``task/``: the embedded world a laptop runs offline — the arithmetic task, its tokenizer, the base
   model built from it, the datasets, the rewards and evaluation (imports no ``rl``, no ``recipe``);
-- ``ops/``: operations — campaigns (schema, runs, the local and Ray schedulers, adaptive stops), the
-  MLflow contract (``store``) and tracking, PostgreSQL, store transfer, offline wheels;
-- ``cli``: ``python -m runners …``.
+- ``tracking/``: MLflow — the contract (``store``), a local server's life cycle, a tracked run, the
+  shared server on PostgreSQL, store transfer;
+- ``campaign/``: campaigns — spec, loading and expansion, runs, adaptive stops, the backends (local,
+  Ray, SLURM) that run them;
+- ``setup/``: installation — the pinned installs, wheels for offline machines;
+- ``locks``: one writer at a time; ``launch``: one run from the command line (several processes
+  through accelerate);
+- ``cli``: ``python -m runners …``, its arguments (it calls into the modules above).
 """

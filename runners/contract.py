@@ -1,7 +1,8 @@
 """What runs and the code around them agree on, below both ``runners.rl`` (which writes runs) and
-``runners.ops`` (which schedules and tracks them), and read by ``analysis``: the metrics every run
-logs at each evaluation, the compute axes beside them, and the files that mark a run's folder.
-The MLflow tag names and queries are ``runners.ops.store``'s."""
+``runners.campaign`` and ``runners.tracking`` (which schedule and track them), and read by
+``analysis``: the metrics every run logs at each evaluation, the compute axes beside them, and the
+files that mark a run's folder.
+The MLflow tag names and queries are ``runners.tracking.store``'s."""
 
 from __future__ import annotations
 

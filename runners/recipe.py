@@ -45,7 +45,7 @@ def name_problem(name: Any, what: str, example: str) -> str | None:
 
 def _run_name_problem(name: str) -> str | None:
     """A recipe's name: one path segment, or the ``CAMPAIGN/VARIANT`` a campaign gives its runs'
-    recipes (``loo-cpu/baseline``, ``loo-cpu/loss=dapo``: ``runners.ops.campaign.expand``)."""
+    recipes (``loo-cpu/baseline``, ``loo-cpu/loss=dapo``: ``runners.campaign.load.expand``)."""
     campaign, slash, variant = name.partition("/")
     key, eq, _ = variant.partition("=")
     ran = slash and _SEGMENT.fullmatch(campaign) and (variant == "baseline" or (eq and _SEGMENT.fullmatch(key)))

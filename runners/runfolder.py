@@ -6,7 +6,7 @@ other settings gets a folder of its own. The identity is also written into the f
 (``identity.json``, at its creation), and a run whose identity differs from the folder's is
 refused in one line naming the keys that differ. ``done.json`` there means the run is finished:
 nothing left to train. The process that trains a folder holds its lock for the whole run
-(``runners.ops.locks.writer``). ``store.json`` names the MLflow store (and run) the folder's run
+(``runners.locks.writer``). ``store.json`` names the MLflow store (and run) the folder's run
 is tracked in, so that a campaign pointed at another store can say so (``remember_store``). A
 folder created here is private to its owner (``runners.modes``).
 
@@ -233,7 +233,7 @@ HISTORY = ("metrics.jsonl", "samples.jsonl", "checkpoints", "best", DONE_FILE, S
 
 
 def remember_store(run_dir: Path, store: str, run_id: str) -> None:
-    """Record in ``run_dir`` the store (``runners.ops.store.store_key``) and MLflow run it is tracked in."""
+    """Record in ``run_dir`` the store (``runners.tracking.store.store_key``) and MLflow run it is tracked in."""
     tmp = run_dir / f"{STORE_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps({"store": store, "run_id": run_id}) + "\n")
     tmp.replace(run_dir / STORE_FILE)

@@ -90,7 +90,7 @@ def configure(command: str, processes: int = 1, env: MutableMapping[str, str] = 
     """At the start of ``python -m runners COMMAND``, before torch is imported: OpenMP waits passively
     (inherited by every process it starts), and a command that computes itself gets the usable cores,
     divided among the ``processes`` it launches on them (``train --gpus N``). Other commands set no
-    thread count: the runs they start get their share (``runners.ops.local``)."""
+    thread count: the runs they start get their share (``runners.campaign.backends.local``)."""
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if command in COMPUTE_COMMANDS:
         share_cores(env, usable_cores() // max(1, processes))

@@ -1,6 +1,6 @@
 """Would an adaptive campaign have stopped the right variants, and how much would it have saved?
 
-Replays the decisions of ``runners.ops.adaptive.decide_at`` offline on recorded campaigns, using at
+Replays the decisions of ``runners.campaign.adaptive.decide_at`` offline on recorded campaigns, using at
 each decision point only the points up to it, and checks each stop against the full run:
 
 - synthetic campaigns with known truth (a baseline and variants whose asymptote, efficiency or
@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from runners.campaign.adaptive import decide_at
+from runners.campaign.spec import Adaptive, X
 from runners.contract import MEAN_AT_16
-from runners.ops.adaptive import decide_at
-from runners.ops.campaign import Adaptive, X
 from scalefit.curve import sigmoid
 from scalefit.settings import POOLING, FitSettings
 from scalefit.synthetic import realistic_runs

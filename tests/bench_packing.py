@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from runners.ops.campaign_runs import run_campaign
+from runners.campaign.runs import run_campaign
 
 
 def sample_utilisation(stop: threading.Event, out: list[float]) -> None:

@@ -217,7 +217,7 @@ ISSUE_TODAY = {  # the issue's figures for today's method over loo-gpu3/4/5 (32 
 
 def _settings(study: str, pooling: str) -> dict:
     """The study's campaign fit settings (its eval size, grid, margin) with ``pooling`` set."""
-    from runners.ops.campaign import load_campaign
+    from runners.campaign.load import load_campaign
 
     try:
         fit = load_campaign(study).fit.to_dict()
@@ -361,7 +361,7 @@ def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int)
     """One row per variant and method: the half-budget prediction of the last-3 mean, scored."""
     from analysis.loo import calls, campaign_model, extrapolation_check, measured_at_budget
     from analysis.planner import seed_spread
-    from runners.ops.campaign import fit_settings
+    from runners.campaign.spec import fit_settings
 
     x = fit.get("x", REAL_X)
     sd = seed_spread(curves, x, 1.0, LAST_K)

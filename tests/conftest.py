@@ -77,7 +77,7 @@ def pytest_configure(config):
     os.environ.setdefault("PRL_SLURM_POLL_S", "1")
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:
-        from runners.ops.local import cores
+        from runners.campaign.backends.local import cores
 
         threads = max(1, cores() // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -140,7 +140,7 @@ def session_server(tmp_path_factory, store_template) -> Iterator[str]:
     none (~7 s of CPU and a wait for each campaign on 2 cores). Each test names its own experiment.
     The tests of the server a campaign starts, and of kills that take it down, keep a store each
     (``own_store``)."""
-    from runners.ops.tracking import local_server
+    from runners.tracking.serve import local_server
 
     root = tmp_path_factory.mktemp("session-server")
     uri = empty_store(store_template, root / "mlflow.db")
@@ -181,7 +181,7 @@ def concurrent_campaign(tmp_path_factory, tiny_base, store_template) -> dict:
     and the campaign's log ``lines``."""
     from filelock import FileLock
 
-    from runners.ops.campaign_runs import run_campaign
+    from runners.campaign.runs import run_campaign
     from tests.campaigns import write_campaign
 
     root = session_root(tmp_path_factory) / "concurrent-campaign"

@@ -10,9 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from runners.campaign.adaptive import decide_at
+from runners.campaign.load import load_campaign
+from runners.campaign.spec import Adaptive, CampaignError, X
 from runners.contract import MEAN_AT_16
-from runners.ops.adaptive import decide_at
-from runners.ops.campaign import Adaptive, CampaignError, X, load_campaign
 from scalefit.synthetic import realistic_runs
 from tests.conftest import empty_store
 
@@ -75,7 +76,7 @@ def test_the_joint_model_decides_by_default_and_pooling_none_fits_each_variant_a
     """Several variants sharing B: at the decision point one joint fit of every variant that has
     reached it (baseline included) decides for all of them, and says so; ``fit.pooling: none``
     still fits the variant and the baseline each alone."""
-    from runners.ops.adaptive import PER_VARIANT
+    from runners.campaign.adaptive import PER_VARIANT
 
     variants = {
         "baseline": BASE,
@@ -165,10 +166,10 @@ def test_a_stop_decision_ends_the_run_at_a_checkpoint_stays_and_resumes_on_reque
     checkpoint with its history kept, a re-run leaves it stopped, --resume-stopped finishes it."""
     from mlflow.tracking import MlflowClient
 
-    from runners.ops import store as prl_store
-    from runners.ops.adaptive import decision_tag
-    from runners.ops.campaign import expand
-    from runners.ops.campaign_runs import child_run, run_campaign
+    from runners.campaign.adaptive import decision_tag
+    from runners.campaign.load import expand
+    from runners.campaign.runs import child_run, run_campaign
+    from runners.tracking import store as prl_store
     from tests.campaigns import history_steps, write_campaign
 
     path = write_campaign(
@@ -217,11 +218,11 @@ def test_a_stop_recorded_on_one_seed_before_a_kill_reaches_every_seed(tmp_path, 
     recorded stop to every run of the variant (tags and STOP files), not only the tagged one."""
     from mlflow.tracking import MlflowClient
 
-    from runners.ops import store
-    from runners.ops.adaptive import Monitor, decision_tag
-    from runners.ops.campaign import expand
-    from runners.ops.campaign_runs import child_run
-    from runners.ops.local import run_folder
+    from runners.campaign.adaptive import Monitor, decision_tag
+    from runners.campaign.backends.local import run_folder
+    from runners.campaign.load import expand
+    from runners.campaign.runs import child_run
+    from runners.tracking import store
     from tests.campaigns import write_campaign
 
     camp = load_campaign(
@@ -301,8 +302,8 @@ def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_wor
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from runners.ops import store
-    from runners.ops.adaptive import Monitor, decision_tag
+    from runners.campaign.adaptive import Monitor, decision_tag
+    from runners.tracking import store
 
     budget = 40_000.0
     curves = campaign_curves({"baseline": BASE, "worse": (0.55, 2.0, 8_000.0), "close": (0.695, 2.0, 8_000.0)})
@@ -347,7 +348,7 @@ def test_the_live_monitor_reads_the_store_waits_for_every_seed_and_stops_the_wor
 def test_the_shipped_adaptive_campaign_is_loo_gpu5_with_decision_points():
     """experiments/campaigns/loo-gpu5-adaptive.yaml: the feature in use, on the study whose full runs
     are published (results/loo-gpu5): the same runs, recipe for recipe and seed for seed."""
-    from runners.ops.campaign import expand
+    from runners.campaign.load import expand
 
     adaptive, full = load_campaign("loo-gpu5-adaptive"), load_campaign("loo-gpu5")
     assert adaptive.adaptive == Adaptive(at=[0.25, 0.5], margin=0.02, risk=0.05, eval_prompts=300)

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
+from runners.campaign.spec import fit_settings as S  # a campaign's fit: section, parsed as load_campaign parses it
 from runners.contract import MEAN_AT_16
-from runners.ops.campaign import fit_settings as S  # a campaign's fit: section, parsed as load_campaign parses it
 from scalefit.curve import sigmoid
 from scalefit.synthetic import synthetic_curve
 from tests.conftest import empty_store
@@ -108,7 +108,7 @@ def test_runs_of_another_version_of_the_campaign_are_never_pooled(tmp_path, stor
     from mlflow.tracking import MlflowClient
 
     from runners.contract import MEAN_AT_16
-    from runners.ops import store
+    from runners.tracking import store
 
     uri = empty_store(store_template, tmp_path / "mlflow.db")
     client = MlflowClient(uri)
@@ -302,7 +302,7 @@ def test_one_bad_point_is_left_out_by_name_and_spoils_no_other_curve():
     """Issue 42, item 4: a NaN mean@16 at step 0 of one baseline seed made the campaign's shared R0 NaN, so
     every variant got "no fit: r0 must lie in [0, 1], got nan"; a negative compute was blamed on two runs
     spliced. Each bad point is left out by name (run, step, value): what the clean file fits still fits."""
-    from runners.ops.campaign import load_campaign
+    from runners.campaign.load import load_campaign
 
     fit = load_campaign("loo-cpu").fit
     clean = read_curves(RECORDED, fit)
@@ -363,7 +363,7 @@ def test_a_nan_logged_to_mlflow_is_named_not_dropped_in_silence(tmp_path, store_
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from runners.ops import store
+    from runners.tracking import store
 
     uri = empty_store(store_template, tmp_path / "mlflow.db")
     client = MlflowClient(uri)
@@ -549,7 +549,7 @@ def test_make_lab_serves_the_notebook_on_localhost_with_a_token_over_the_project
 
     import psutil
 
-    from runners.ops.tracking import free_port
+    from runners.tracking.servers import free_port
 
     root = Path(__file__).resolve().parent.parent
     port = free_port()

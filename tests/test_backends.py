@@ -1,4 +1,4 @@
-"""The backend protocol (runners/ops/backends): a backend that leaves out a member is refused, the
+"""The backend protocol (runners/campaign/backends): a backend that leaves out a member is refused, the
 registry's names are the only ``backend:`` values a campaign takes (one line listing them), each
 backend's keys are parsed into its typed settings, and a new backend is one module, as
 docs/extending.md writes it: its code block, found by the registry in the backends folder, runs
@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops import backends
-from runners.ops.backends import Backend, BackendSettings, Ended, Launch, register, registered
-from runners.ops.campaign import CampaignError, load_campaign
-from runners.ops.campaign_runs import run_campaign
+from runners.campaign import backends
+from runners.campaign.backends import Backend, Ended, Launch, register, registered
+from runners.campaign.load import load_campaign
+from runners.campaign.runs import run_campaign
+from runners.campaign.spec import BackendSettings, CampaignError
 from tests.campaigns import history_steps, write_campaign
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,7 +135,7 @@ def test_the_documented_backend_runs_a_campaign(store, tmp_path, monkeypatch, re
     failures come back through the same loop."""
     monkeypatch.setattr(backends, "__path__", [*backends.__path__, _documented_backend(tmp_path)])
     monkeypatch.setattr(backends, "_LOADED", [])
-    monkeypatch.delitem(sys.modules, "runners.ops.backends.serial", raising=False)
+    monkeypatch.delitem(sys.modules, "runners.campaign.backends.serial", raising=False)
     bad = write_campaign(tmp_path / "bad.yaml", "tiny-serial", 2, {}, backend="serial", nice=42)
     with pytest.raises(CampaignError, match="nice = 42: expected a whole number from 0 to 19"):
         load_campaign(bad)

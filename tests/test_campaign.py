@@ -17,9 +17,10 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops.campaign import CampaignError, expand, load_campaign
-from runners.ops.campaign_runs import run_campaign
-from runners.ops.tracking import free_port
+from runners.campaign.load import expand, load_campaign
+from runners.campaign.runs import run_campaign
+from runners.campaign.spec import CampaignError
+from runners.tracking.servers import free_port
 from tests.campaigns import TINY, assert_ran_together, history_steps, trainers, wait_healthy, write_campaign
 from tests.conftest import empty_store
 
@@ -257,13 +258,13 @@ def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int, int]:
     """A local server whose campaign was killed with SIGKILL together with the server's main
     process (``kill -9`` of both, the OOM killer): its record, the main pid and the pid of the
     uvicorn worker left running."""
-    from runners.ops.tracking import server_record
+    from runners.tracking.serve import server_record
 
     starter = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from runners.ops.tracking import local_server\n"
+            "import sys, time; from pathlib import Path; from runners.tracking.serve import local_server\n"
             "with local_server(sys.argv[1], Path(sys.argv[2]), log=lambda m: None):\n"
             "    time.sleep(600)",
             store,
@@ -296,7 +297,7 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path, sto
     its uvicorn worker serving (a child of init); the next server for the same store finds it
     through its record (the token in its environment) and stops it. Before, the record was
     dropped because the main process was dead, and the worker leaked."""
-    from runners.ops.tracking import local_server
+    from runners.tracking.serve import local_server
 
     store = empty_store(store_template, tmp_path / "mlflow.db")
     record, stale_pid, worker = _stale_server(tmp_path, store)
@@ -350,7 +351,7 @@ def test_a_local_server_runs_tracking_only(tmp_path, store_template):
     unless told not to; a campaign's server is the server and its uvicorn worker, no more.
     ``mlflow server`` starts uvicorn, then (when on) the job runner, then waits on uvicorn: once its
     main process waits, whatever it starts has started, however slow the machine (no fixed sleep)."""
-    from runners.ops.tracking import local_server, server_record
+    from runners.tracking.serve import local_server, server_record
 
     store = empty_store(store_template, tmp_path / "mlflow.db")
     with local_server(store, tmp_path / "art", log=lambda m: None) as url:
@@ -368,7 +369,7 @@ def test_a_local_server_runs_tracking_only(tmp_path, store_template):
 def test_a_starting_server_says_what_it_is_waiting_for(tmp_path):
     """A first start creates the store's tables (seconds to a minute on a loaded machine): the
     server is announced before the wait and said ready, with the time it took, after it."""
-    from runners.ops.tracking import local_server
+    from runners.tracking.serve import local_server
 
     store, lines = f"sqlite:///{tmp_path / 'mlflow.db'}", []
     with local_server(store, tmp_path / "art", log=lines.append) as url:
@@ -469,7 +470,7 @@ def test_two_runs_left_with_one_identity_resolve_to_the_finished_else_the_newest
     """A kill inside start_over, after the new MLflow run exists and before the old one loses its
     identity, leaves two runs with one identity: the campaign and the fit take the finished one,
     else the newest — never an empty leftover over a finished run, and never an arbitrary one."""
-    from runners.ops import store as st
+    from runners.tracking import store as st
 
     client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     exp = client.create_experiment("twins")
@@ -660,7 +661,8 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     backoff: here the server is down for the first attempts and comes back on the same port."""
     import threading
 
-    from runners.ops.tracking import MlflowSink, local_server
+    from runners.tracking.run import MlflowSink
+    from runners.tracking.serve import local_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
     # the sink's first delay, then every second for its whole two minutes: the write lands within a
@@ -696,8 +698,8 @@ def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_pat
     """A run that died after writing an evaluation to metrics.jsonl but before MLflow took it
     (loo-gpu3's baseline/seed0 lost step 40 so): the resumed run's sink logs what MLflow lacks;
     a last line cut short by the kill is skipped, not fatal to the resume."""
-    from runners.ops.tracking import MlflowSink
     from runners.rl.train import metric_records
+    from runners.tracking.run import MlflowSink
 
     client = MlflowClient(empty_store(store_template, tmp_path / "mlflow.db"))
     run_id = client.create_run(client.create_experiment("backfill")).info.run_id

@@ -78,7 +78,7 @@ def test_a_corrupt_store_is_one_line_naming_it_from_each_command(tmp_path, monke
     """campaign (and --dry-run), train and ui on a corrupt mlflow.db: one line naming the file and
     what to do, before a lock, a server, a run folder or an MLflow run; the file is left as it was
     (before: an 83-line SQLAlchemy traceback, 67 lines from the UI's server)."""
-    from runners.ops.tracking import free_port
+    from runners.tracking.servers import free_port
 
     db = tmp_path / "mlflow.db"
     said = _corrupt_store(db, store_template, damage)

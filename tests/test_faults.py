@@ -189,9 +189,9 @@ def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
     """A full disk cuts an evaluation's line in metrics.jsonl and samples.jsonl; after space is
     freed the re-run's line for that step starts on a line of its own, so readers skip only the
     cut one (before, the two were glued into one unreadable line and the step was lost)."""
-    from runners.ops.tracking import samples_table
     from runners.rl.train import metric_records
     from runners.runfolder import append_json_line
+    from runners.tracking.run import samples_table
 
     pad = "x" * 2500
     with tmpfs(tmp_path / "disk", 8) as disk:  # two pages: one a file

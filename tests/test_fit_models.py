@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from analysis.loo import write_fit
-from runners.ops.campaign import CampaignError, fit_settings, load_campaign
+from runners.campaign.load import load_campaign
+from runners.campaign.spec import CampaignError, fit_settings
 from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model
 from scalefit.synthetic import synthetic_curve
 from tests.test_analysis import X, curves

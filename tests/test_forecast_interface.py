@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runners.ops.campaign import fit_settings
+from runners.campaign.spec import fit_settings
 from scalefit import compare_fits, decide_stop
 from scalefit.forecast import SingleForecast
 from scalefit.pooled_forecast import PooledForecast, forecast_variants

@@ -1,4 +1,4 @@
-"""The set-up's installs say what they install and how far they got (runners.ops.install), with
+"""The set-up's installs say what they install and how far they got (runners.setup.install), with
 the installer's own exit code, through uv (the Makefile's) and through pip; run here as dry runs
 over the installed set, so nothing changes."""
 
@@ -23,7 +23,7 @@ def installer(request) -> str:
 
 
 def install(installer: str, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "runners.ops.install", "--dry-run", "--no-index", *args]
+    cmd = [sys.executable, "-m", "runners.setup.install", "--dry-run", "--no-index", *args]
     env = {**os.environ, "PRL_INSTALLER": installer}
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
 
@@ -57,7 +57,7 @@ def test_uv_is_given_the_package_sources_pip_is_configured_with(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     env.update(PIP_CONFIG_FILE=str(conf), PIP_CONSTRAINT="/k.txt")
-    code = "import json; from runners.ops.install import pip_sources; print(json.dumps(pip_sources()))"
+    code = "import json; from runners.setup.install import pip_sources; print(json.dumps(pip_sources()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     args, extra_env = json.loads(out.stdout)
     pairs = list(zip(args[::2], args[1::2], strict=True))
@@ -74,7 +74,7 @@ def test_an_unknown_installer_is_named_with_the_choices():
 
 
 def test_a_flag_in_both_pips_configuration_and_the_arguments_reaches_uv_once(monkeypatch):
-    from runners.ops.install import command
+    from runners.setup.install import command
 
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     cmd, _ = command("uv", ["--dry-run", "--no-index", "-r", "requirements.lock"])

@@ -12,7 +12,7 @@ from analysis.curves import bad_points, read_curves, spliced
 from analysis.fits import Model, campaign_model
 from analysis.render import to_markdown
 from analysis.table import variant_row
-from runners.ops.campaign import fit_settings
+from runners.campaign.spec import fit_settings
 from tests.test_analysis import X, curves
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ from mlflow.tracking import MlflowClient
 
 from analysis.locate import PROJECT_ROOT, find_store
 from runners.contract import COMPUTE_METRICS
-from runners.ops import store
-from runners.ops.store import StoreError
+from runners.tracking import store
+from runners.tracking.store import StoreError
 from tests.conftest import empty_store
 
 PUBLISHED = PROJECT_ROOT / "results" / "loo-gpu" / "curves.csv"  # 20 runs, 13 evaluations each: fits to check

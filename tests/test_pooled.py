@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis.planner import plan, resolvable, seeds_per_arm
+from runners.campaign.spec import CampaignError, fit_settings
 from runners.contract import MEAN_AT_16
-from runners.ops.campaign import CampaignError, fit_settings
 from scalefit import fit_sigmoid, forecast
 from scalefit.curve import sigmoid
 from scalefit.defaults import DEFAULT_MARGIN

@@ -25,9 +25,10 @@ import sqlalchemy
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from runners.ops.campaign_runs import run_campaign
-from runners.ops.postgres import ROLE, PostgresCluster, find_bin
-from runners.ops.tracking import MlflowSink, free_port
+from runners.campaign.runs import run_campaign
+from runners.tracking.postgres import ROLE, PostgresCluster, find_bin
+from runners.tracking.run import MlflowSink
+from runners.tracking.servers import free_port
 from tests.campaigns import assert_ran_together, history_steps, write_campaign
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another local user (runuser)")

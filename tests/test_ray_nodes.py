@@ -22,8 +22,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops.campaign_runs import run_campaign
-from runners.ops.tracking import free_port
+from runners.campaign.runs import run_campaign
+from runners.tracking.servers import free_port
 from tests.campaigns import history_steps, trainers, write_campaign
 
 RAY = str(Path(sys.executable).parent / "ray")

@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from runners.ops.campaign import CampaignError, expand, load_campaign, size_budgets
+from runners.campaign.load import expand, load_campaign, size_budgets
+from runners.campaign.spec import CampaignError
 from runners.task.sizes import parameter_count
 from tests.campaigns import assert_ran_together, write_campaign
 
@@ -108,7 +109,7 @@ def test_a_tiny_scale_campaign_runs_end_to_end_and_mlflow_groups_its_runs_by_siz
     runs nothing."""
     from mlflow.tracking import MlflowClient
 
-    from runners.ops.campaign_runs import run_campaign
+    from runners.campaign.runs import run_campaign
 
     path = scale_campaign(tmp_path / "s.yaml", {"pico": {"train.steps": 4}, "tiny": {}}, steps=2, parallel=2)
     lines: list[str] = []

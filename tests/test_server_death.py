@@ -21,8 +21,9 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops import servers
-from runners.ops.tracking import http_limits, request_error, server_record
+from runners.tracking import servers
+from runners.tracking.run import http_limits, request_error
+from runners.tracking.serve import server_record
 from tests.campaigns import history_steps, trainers, write_campaign
 
 REPO = Path(__file__).resolve().parent.parent
@@ -160,8 +161,8 @@ def test_a_write_to_a_server_that_is_gone_says_its_cause_on_the_console(tmp_path
     console (it was in run.log only)."""
     from mlflow.exceptions import MlflowException
 
-    from runners.ops.local import PROGRESS_MARKS
-    from runners.ops.tracking import MlflowSink
+    from runners.campaign.backends.local import PROGRESS_MARKS
+    from runners.tracking.run import MlflowSink
     from tests.conftest import empty_store
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: the sink's are said

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops.tracking import free_port
+from runners.tracking.servers import free_port
 from tests.campaigns import wait_healthy
 from tests.conftest import empty_store
 

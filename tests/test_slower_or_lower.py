@@ -127,7 +127,7 @@ def test_a_predictable_forecast_still_steepening_needs_its_own_fit_to_back_a_cal
     import pandas as pd
 
     from analysis.loo import campaign_model
-    from runners.ops.campaign import load_campaign
+    from runners.campaign.load import load_campaign
     from scalefit.prediction import call_difference, past_knee
 
     root = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def efficiency_table():
     """A synthetic efficiency campaign through the LOO table: the baseline, a learning rate halved
     (C_mid 2x, same A) and a lower control (A - 0.08), 4 seeds, run to 6x the baseline's C_mid."""
     from analysis.table import fit_table
-    from runners.ops.campaign import fit_settings
+    from runners.campaign.spec import fit_settings
     from tests.bench_predict import as_loo_curves
 
     truth = {"baseline": (CM, 1.8, 0.75), "lr_half": (2 * CM, 1.8, 0.75), "control=lower": (CM, 1.8, 0.67)}
@@ -185,7 +185,7 @@ def test_each_variant_s_runs_carry_its_reading_in_mlflow(efficiency_table, tmp_p
     from mlflow.tracking import MlflowClient
 
     from analysis.loo import tag_readings
-    from runners.ops import store
+    from runners.tracking import store
 
     df, table, _, _ = efficiency_table
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -25,9 +25,10 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.ops.campaign import CampaignError, load_campaign
-from runners.ops.campaign_runs import run_campaign
-from runners.ops.tracking import free_port
+from runners.campaign.load import load_campaign
+from runners.campaign.runs import run_campaign
+from runners.campaign.spec import CampaignError
+from runners.tracking.servers import free_port
 from tests.campaigns import history_steps, write_campaign
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -213,7 +214,7 @@ def test_a_campaign_on_slurm_survives_a_requeue_and_a_scancel_and_reaches_its_fi
         assert list((run_dir / "slurm").glob("*_log.out"))  # the jobs' own logs, beside the run
 
     from analysis.loo import write_report
-    from runners.ops.campaign import fit_settings
+    from runners.campaign.spec import fit_settings
 
     settings = fit_settings({"a_grid": "0.05:1.0:0.005"})
     table = write_report("tiny-slurm", tmp_path / "fit", settings, log=lambda m: None)
@@ -337,7 +338,7 @@ def test_a_slurm_campaign_without_sbatch_is_refused_before_anything_runs(store, 
 def test_a_bad_slurm_poll_interval_is_one_line_before_anything_runs(tmp_path, monkeypatch, value):
     """``PRL_SLURM_POLL_S`` (seconds between two squeue calls) that is not a number of seconds is
     refused by the backend's check, naming the variable, as a bad campaign key is."""
-    from runners.ops.slurm import check_slurm, poll_s
+    from runners.campaign.backends.slurm import check_slurm, poll_s
 
     assert poll_s() == 1.0  # the suite's (tests/conftest.py); 5 s where it is unset
     monkeypatch.setenv("PRL_SLURM_POLL_S", value)

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import sys
-from runners.ops.local import devices
+from runners.campaign.backends.local import devices
 found, loaded = devices(), "torch" in sys.modules
 import torch
 count = [str(i) for i in range(torch.cuda.device_count())] or [None]
@@ -34,8 +34,8 @@ def test_a_campaign_counts_its_devices_without_torch_where_torch_has_no_gpu_buil
 def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(tmp_path):
     """Before, every poll slept a whole second first: each run's end, and the start of a run waiting
     for its slot, came up to a second late (a campaign ends a run and starts the next in one poll)."""
-    from runners.ops.campaign import expand, load_campaign
-    from runners.ops.local import Launch, LocalBackend, _start
+    from runners.campaign.backends.local import Launch, LocalBackend, _start
+    from runners.campaign.load import expand, load_campaign
 
     camp = load_campaign("loo-cpu")
     backend = LocalBackend(camp, log=lambda m: None)

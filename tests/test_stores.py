@@ -34,8 +34,8 @@ def one_line(res: subprocess.CompletedProcess) -> str:
 HOLD = """
 import sys, time
 from pathlib import Path
-from runners.ops.campaign_runs import campaign_lock
-from runners.ops.locks import hold
+from runners.campaign.runs import campaign_lock
+from runners.locks import hold
 with hold(campaign_lock("same", sys.argv[1], Path(sys.argv[2])), "campaign same", "wait"):
     print("held", flush=True)
     time.sleep(600)
@@ -47,8 +47,8 @@ def test_a_second_campaign_on_the_same_store_through_another_path_is_refused(tmp
     file, or to its folder) or a ``..`` path, is refused naming the holder: before, the lock was
     keyed by the path as written, and both ran on one store (a UNIQUE-constraint traceback, or a
     duplicate child run left RUNNING)."""
-    from runners.ops.campaign_runs import run_campaign
-    from runners.ops.locks import Busy
+    from runners.campaign.runs import run_campaign
+    from runners.locks import Busy
 
     real = tmp_path / "store" / "mlflow.db"
     real.parent.mkdir()
@@ -217,7 +217,7 @@ def test_a_campaign_writes_its_store_and_run_folders_private(finished):
 def test_prl_group_shares_stores_and_folders_with_a_group(tmp_path, monkeypatch, cli):
     """``PRL_GROUP`` names the group a new store (0660) and its new folders (2770, setgid: what is
     made inside keeps the group) are given to; a group that does not exist is one line."""
-    from runners.ops.store import create_store
+    from runners.tracking.store import create_store
 
     name = grp.getgrgid(os.getegid()).gr_name
     monkeypatch.setenv("PRL_GROUP", name)

@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runners.ops.campaign import expand, load_campaign
-from runners.ops.local import Launch, _start
+from runners.campaign.backends.local import Launch, _start
+from runners.campaign.load import expand, load_campaign
 from runners.threads import cgroup_cpus, usable_cores
 
 ROOT = Path(__file__).resolve().parents[1]

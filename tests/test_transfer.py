@@ -11,9 +11,9 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from runners.ops.store import IMPORTED_FROM
-from runners.ops.transfer import import_store
-from runners.ops.wheelhouse import read_lock, select
+from runners.setup.wheelhouse import read_lock, select
+from runners.tracking.store import IMPORTED_FROM
+from runners.tracking.transfer import import_store
 from tests.conftest import empty_store
 
 ROOT = Path(__file__).resolve().parent.parent

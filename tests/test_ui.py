@@ -23,8 +23,8 @@ import pytest
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from runners.ops import store as prl_store
-from runners.ops.tracking import free_port
+from runners.tracking import store as prl_store
+from runners.tracking.servers import free_port
 from tests.campaigns import wait_healthy
 
 
@@ -179,7 +179,7 @@ def report_links(runs_md: str) -> list[str]:
 def test_a_campaigns_view_is_a_saved_view_of_its_runs_against_its_compute_axis():
     """The state the saved view holds: the campaign's runs (its parent filtered out, so none is
     folded under it), every one shown, and mean@16 against the fit's x in the first section."""
-    from runners.ops.ui import CHILD_RUNS, campaign_url, view_state
+    from runners.campaign.ui import CHILD_RUNS, campaign_url, view_state
 
     state = view_state("compute/tokens", ["train/loss", "val/pass_at_16", "system/cpu_utilization_percentage"])
     assert state["searchFilter"] == CHILD_RUNS == "tags.`prl.variant` != ''" and state["runsHiddenMode"] == "SHOW_ALL"

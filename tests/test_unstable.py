@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from runners.campaign.spec import fit_settings
 from runners.contract import MEAN_AT_16
-from runners.ops.campaign import fit_settings
 from scalefit import unstable
 from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import forecast_campaign
@@ -166,7 +166,7 @@ def test_a_flagged_run_is_tagged_in_mlflow_and_untagged_once_steady(tmp_path):
     from mlflow.tracking import MlflowClient
 
     from analysis.loo import tag_unstable
-    from runners.ops import store
+    from runners.tracking import store
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.create_experiment("c")

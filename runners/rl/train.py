@@ -8,7 +8,7 @@ far. A killed run resumes from its newest complete and readable checkpoint (one 
 files still have the sha256 that ``prl_state.json`` recorded at the save), saying which one and
 why newer ones were skipped; evaluations already recorded are not recorded twice. A run that
 has history but no such checkpoint is never restarted from step 0 into that history:
-``ResumeError`` says so (``tracking.tracked_train`` then starts it over as a new
+``ResumeError`` says so (``runners.tracking.run.tracked_train`` then starts it over as a new
 MLflow run). The folder belongs to one run (``runners.runfolder``): another run's folder is
 refused, and a finished run (``done.json``, or its last step checkpointed) trains no further step.
 """

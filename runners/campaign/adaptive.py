@@ -37,9 +37,9 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 from scipy.stats import norm
 
+from runners.campaign.spec import Adaptive, X
 from runners.contract import MEAN_AT_16, STOP_FILE
-from runners.ops import store
-from runners.ops.campaign import Adaptive, X
+from runners.tracking import store
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
 from scalefit.decide import error_name
 from scalefit.pooled_forecast import fit_and_forecast_campaign

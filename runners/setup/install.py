@@ -11,7 +11,7 @@ configuration, so the package sources pip is configured with (``pip config list`
 ``find-links``, constraints, certificate) are passed on to it, and every index counts alike, as in
 pip. ``PRL_INSTALLER=pip`` picks pip.
 
-``python -m runners.ops.install [pip install arguments]``; exits with the installer's code, and on
+``python -m runners.setup.install [pip install arguments]``; exits with the installer's code, and on
 failure prints its last lines.
 """
 

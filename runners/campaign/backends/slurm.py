@@ -44,19 +44,9 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from runners.ops.backends import (
-    Backend,
-    BackendSettings,
-    Ended,
-    Launch,
-    note_placement,
-    register,
-    tail,
-    whole_numbers,
-    with_gpus,
-)
-from runners.ops.campaign import CampaignError, RunSpec
-from runners.ops.locks import parent_death_preexec
+from runners.campaign.backends import Backend, Ended, Launch, note_placement, register, tail, with_gpus
+from runners.campaign.spec import BackendSettings, CampaignError, RunSpec, whole_numbers
+from runners.locks import parent_death_preexec
 
 try:
     import submitit

@@ -1,6 +1,6 @@
 """Running a campaign: its runs' MLflow bookkeeping (an experiment per campaign, a parent run, a
 child run per variant x seed with the recipe as params), what is done and what is left, and
-handing the rest to the campaign's backend (``runners.ops.backends``: local processes, Ray tasks
+handing the rest to the campaign's backend (``runners.campaign.backends``: local processes, Ray tasks
 or SLURM jobs).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,26 +22,18 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from runners.campaign import ui
+from runners.campaign.backends import Launch, backend_of, run_all
+from runners.campaign.backends.local import command, run_folder
+from runners.campaign.load import expand, load_campaign, size_budgets
+from runners.campaign.spec import Campaign, CampaignError, RunSpec, fit_settings, fmt_value
 from runners.contract import STOP_FILE
-from runners.identity import code_version
+from runners.locks import hold
 from runners.modes import make_dir
-from runners.ops import store, ui
-from runners.ops.backends import Launch, backend_of, run_all
-from runners.ops.campaign import (
-    Campaign,
-    CampaignError,
-    RunSpec,
-    expand,
-    fit_settings,
-    fmt_value,
-    load_campaign,
-    size_budgets,
-)
-from runners.ops.local import command, run_folder
-from runners.ops.locks import hold
-from runners.recipe import Recipe
 from runners.runfolder import has_history, recorded_store, remember_store, set_aside
 from runners.task.sizes import parameter_count
+from runners.tracking import store
+from runners.tracking.run import new_run
 
 
 def status_of(run: Run | None) -> str:
@@ -194,8 +185,8 @@ class _Tracked:
     parent: Run
     existing: dict[str, Run]
     log: Callable[[str], None]
-    watched: Any = None  # the tracking server in front of a SQLite store (``runners.ops.watch``)
-    monitor: Any = None  # an adaptive campaign's decisions (``runners.ops.adaptive.Monitor``)
+    watched: Any = None  # the tracking server in front of a SQLite store (``runners.campaign.watch``)
+    monitor: Any = None  # an adaptive campaign's decisions (``runners.campaign.adaptive.Monitor``)
 
     def to_run(self, specs: list[RunSpec], resume_stopped: bool) -> tuple[list[RunSpec], set[str]]:
         """The runs not done (nor stopped by an adaptive decision, unless ``resume_stopped``: those are
@@ -216,10 +207,10 @@ class _Tracked:
     def train(self, specs: list[RunSpec], todo: list[RunSpec], *, decide: bool, resumed: set[str]) -> tuple:
         """Hand ``todo`` to the campaign's backend; returns its failures and, for an adaptive campaign
         (``decide``: not one axis alone), the compute its stops saved."""
-        from runners.ops.watch import watched_server
+        from runners.campaign.watch import watched_server
 
         # a server gives the runs one writer in front of SQLite; with none to run, this process is the only one
-        # (watched: started again on the same store and port when it dies, ``runners.ops.watch``)
+        # (watched: started again on the same store and port when it dies, ``runners.campaign.watch``)
         sqlite = self.uri.startswith("sqlite:") and todo
         server = watched_server(self.uri, self.root / "mlartifacts", log=self.log) if sqlite else None
         with server if server is not None else contextlib.nullcontext() as self.watched:
@@ -261,7 +252,7 @@ class _Tracked:
             self.monitor()
 
     def _monitor(self, specs: list[RunSpec], resumed: set[str]) -> Any:
-        from runners.ops.adaptive import Monitor
+        from runners.campaign.adaptive import Monitor
 
         members: dict[str, list] = {}
         for spec in specs:  # every run of the campaign gets its MLflow run now: decisions need them all
@@ -322,19 +313,6 @@ def _elsewhere_line(camp: Campaign, elsewhere: list[tuple[RunSpec, Path]], uri: 
     )
 
 
-def new_run(client: MlflowClient, exp_id: str, recipe: Recipe, *, name: str, run_key: str, tags: dict[str, str]) -> Run:
-    """An MLflow run for a recipe: its identity and provenance as tags, the flattened recipe as params."""
-    provenance = {
-        store.RUN_ID: run_key,
-        store.CODE_VERSION: code_version(),
-        store.GIT_COMMIT: _git_commit(),
-        store.VERSIONS: _versions(),
-    }
-    run = client.create_run(exp_id, run_name=name, tags={**provenance, **tags})
-    store.log_params(client, run.info.run_id, {k: str(v)[:6000] for k, v in recipe.flat().items()})
-    return run
-
-
 def child_run(client: MlflowClient, camp: Campaign, spec: RunSpec) -> Run:
     """The MLflow run of one of a campaign's runs: found by its identity, else created as the
     campaign would create it (parent, tags, params)."""
@@ -370,19 +348,3 @@ def _campaign_tags(camp: Campaign, spec: RunSpec, parent: Run) -> dict[str, str]
         store.VALUE: fmt_value(spec.value) if spec.axis else "",
         store.SEED: str(spec.seed),
     }
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _versions() -> str:
-    from importlib.metadata import version
-
-    return ",".join(f"{p}={version(p)}" for p in ("torch", "transformers", "trl", "mlflow"))

@@ -1,7 +1,7 @@
 """A campaign's tracking server, watched: the local MLflow server a campaign starts in front of its
 SQLite store is checked every second by a thread of the campaign. When it dies (``kill -9`` of its
 processes, the OOM killer) or stops answering, it is started again on the same store and port, so
-the runs carry on: their writes wait in their retries meanwhile (``tracking.HTTP_LIMITS`` and
+the runs carry on: their writes wait in their retries meanwhile (``tracking.run.HTTP_LIMITS`` and
 ``MlflowSink``). When it cannot be started again, the campaign stops its runs and says why in one
 line (``ServerError``): a re-run resumes them from their checkpoints.
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psutil
 
-from runners.ops import servers
-from runners.ops.servers import ServerError
-from runners.ops.store import sqlite_file
-from runners.ops.tracking import free_port, local_server, server_record
+from runners.tracking import servers
+from runners.tracking.serve import local_server, server_record
+from runners.tracking.servers import ServerError, free_port
+from runners.tracking.store import sqlite_file
 
 CHECK_EVERY = 1.0  # seconds between two checks of the server
 SILENT_FOR = 30.0  # a server alive but answering nothing this long counts as dead (a loaded one answers in < 2 s)
@@ -158,7 +158,7 @@ def _probe(url: str) -> str:
 
 @contextlib.contextmanager
 def watched_server(backend_uri: str, artifacts: Path, *, log: Callable[[str], None] = print) -> Iterator[Watched]:
-    """``tracking.local_server`` for a campaign, kept alive by a watcher thread (which starts it, so
+    """``tracking.serve.local_server`` for a campaign, kept alive by a watcher thread (which starts it, so
     that it gets the parent-death signal only when the watcher ends); yields a ``Watched`` once it
     serves. A first start that fails raises here, as ``local_server`` would."""
     watched = Watched(backend_uri, artifacts, log)

@@ -1,7 +1,7 @@
 """The local backend (``backend: local``, the default): a campaign's runs as processes on this
 machine, as many at once as it has slots (``parallel`` on CPU, ``runs_per_gpu`` per GPU on every
 visible GPU, ``gpus_per_run`` GPUs each), with each run's progress echoed to the console as it
-happens. Its settings are ``LocalSettings``; the interface is ``runners.ops.backends.Backend``.
+happens. Its settings are ``LocalSettings``; the interface is ``runners.campaign.backends.Backend``.
 
 A run that dies of a signal (a segfault in native code, the kernel's OOM killer) is started again
 up to ``max_retries`` times: it resumes from its checkpoint. A Python error is not retried (it would
@@ -23,18 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, ClassVar
 
-from runners.ops.backends import (
-    Backend,
-    BackendSettings,
-    Ended,
-    Launch,
-    register,
-    tail,
-    whole_numbers,
-    with_gpus,
-)
-from runners.ops.campaign import CampaignError, RunSpec
-from runners.ops.locks import child_env
+from runners.campaign.backends import Backend, Ended, Launch, register, tail, with_gpus
+from runners.campaign.spec import BackendSettings, CampaignError, RunSpec, whole_numbers
+from runners.locks import child_env
 from runners.threads import share_cores, usable_cores
 
 PROGRESS_MARKS = (
@@ -45,7 +36,7 @@ PROGRESS_MARKS = (
     "resuming",
     "stopped at step",
     "done in ",
-    "tracking server",  # a write the tracking server did not take, and why (``tracking.MlflowSink``)
+    "tracking server",  # a write the tracking server did not take, and why (``tracking.run.MlflowSink``)
 )
 
 
@@ -79,8 +70,8 @@ def run_folder(root: Path, spec: RunSpec) -> Path:
 
 def command(spec: RunSpec, run_id: str, uri: str, root: Path) -> Launch:
     """The run's folder (recipe written) and its ``python -m runners train`` command, whose MLflow
-    calls give up in about 60 s (``tracking.HTTP_LIMITS``)."""
-    from runners.ops.tracking import http_limits
+    calls give up in about 60 s (``tracking.run.HTTP_LIMITS``)."""
+    from runners.tracking.run import http_limits
 
     rdir = run_folder(root, spec)
     rdir.mkdir(parents=True, exist_ok=True)
@@ -261,7 +252,7 @@ def _stop(running: list[_Running]) -> None:
     """Stop the running runs (SIGTERM, SIGKILL after 20 s); a re-run resumes them from their checkpoints."""
     import psutil
 
-    from runners.ops.servers import stop
+    from runners.tracking.servers import stop
 
     procs = []
     for r in running:

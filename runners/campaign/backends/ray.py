@@ -21,19 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from runners.ops.backends import (
-    Backend,
-    BackendSettings,
-    Ended,
-    Launch,
-    note_placement,
-    register,
-    tail,
-    whole_numbers,
-    with_gpus,
-)
-from runners.ops.campaign import CampaignError, RunSpec
-from runners.ops.locks import child_env
+from runners.campaign.backends import Backend, Ended, Launch, note_placement, register, tail, with_gpus
+from runners.campaign.spec import BackendSettings, CampaignError, RunSpec, whole_numbers
+from runners.locks import child_env
 
 
 @dataclass(kw_only=True)

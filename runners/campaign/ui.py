@@ -14,19 +14,31 @@ charts with mean@16 and pass@16 against the campaign's compute axis. ``campaign_
 address that opens it, in the training-runs workflow, in chart mode. The experiment's description,
 shown above its runs, links the parent run's LOO table and plot. (MLflow's assistant panel opens
 on a first visit to a local server whatever the address says; one click closes it for good.)
+
+``open_ui`` is ``make ui``: ``mlflow ui`` over the store (``runners.tracking.serve``), with the
+address of each campaign's curves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterable
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
+from runners.campaign.load import load_campaign
+from runners.campaign.spec import CampaignError, fit_settings
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
-from runners.ops import store
+from runners.tracking import store
+from runners.tracking.serve import TRACKING_ONLY, exit_reason, serve
+from runners.tracking.servers import ServerError
 
 VIEW_KEY = "prl-curves"  # the saved view's id: tag mlflow.sharedViewState.prl-curves, URL viewStateShareKey=
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
@@ -152,8 +164,6 @@ def campaign_views(client: MlflowClient, base: str) -> list[tuple[str, str]]:
     """(experiment name, URL) of every campaign in a store, newest first; a campaign recorded
     before views existed (or imported) gets its view now, against the compute axis its campaign
     file fits on (``compute/samples`` when there is no such file)."""
-    from runners.ops.campaign import CampaignError, fit_settings, load_campaign  # noqa: PLC0415
-
     found = []
     for exp in client.search_experiments(order_by=["last_update_time DESC"]):
         parent = store.parent_run(client, exp.experiment_id)
@@ -174,3 +184,54 @@ def _view_x(tag: str | None) -> str | None:
         return json.loads(json.loads(tag)["state"])["globalLineChartConfig"]["selectedXAxisMetricKey"]
     except (TypeError, ValueError, KeyError):
         return None
+
+
+def open_ui(uri: str, port: int, first: str | None = None) -> int:
+    """``mlflow ui`` over the store, after the servers killed runs left on it are stopped; its
+    whole process tree stops with it (Ctrl-C, SIGTERM: 0), and it fails (1) if the UI stops on its own.
+    ``first``: the campaign whose address is listed first."""
+    if uri.startswith(("http://", "https://")):
+        raise ServerError(f"{uri} is a tracking server: it serves its own UI, open it in a browser")
+    store.check_store(uri)  # a corrupt store: one line, not the UI's own traceback
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt  # a SIGTERM stops the UI as Ctrl-C does
+
+    signal.signal(signal.SIGTERM, stop)
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--workers", "1"]
+    try:
+        with serve(
+            [*cmd, "--port", str(port)],
+            uri,
+            Path("artifacts"),
+            port=port,
+            record_name=f"ui-{port}",
+            what="the MLflow UI",
+            env=os.environ | TRACKING_ONLY,
+        ) as proc:
+            print(f"MLflow UI: http://127.0.0.1:{port}  (store {uri}; Ctrl-C stops it)", flush=True)
+            print_campaign_urls(uri, f"http://127.0.0.1:{port}", first)
+            code = proc.wait()
+    except KeyboardInterrupt:
+        return 0
+    print(
+        f"error: the MLflow UI (pid {proc.pid}) stopped on its own ({exit_reason(code)}); so did its workers",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def print_campaign_urls(uri: str, base: str, first: str | None = None) -> None:
+    """The address of each campaign's curves in the UI, ``first`` first."""
+    try:
+        views = campaign_views(MlflowClient(store.existing_store(uri)), base)
+    except store.StoreError:
+        views = []
+    if first:  # a campaign file's path or name: its experiment is named after the file's `name`
+        with contextlib.suppress(CampaignError):
+            first = load_campaign(first).name
+        views.sort(key=lambda v: v[0] != first)
+    if not views:
+        print("  no campaign in this store yet: make ablation runs one", flush=True)
+    for name, url in views:
+        print(f"  campaign {name}, mean@16 against compute for every run: {url}", flush=True)

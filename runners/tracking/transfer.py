@@ -10,7 +10,7 @@ from pathlib import Path
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from runners.ops.store import IMPORTED_FROM, log_params
+from runners.tracking.store import IMPORTED_FROM, log_params
 
 
 def _artifact_dir(artifact_uri: str, artifacts_root: Path | None) -> Path | None:

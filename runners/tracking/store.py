@@ -217,7 +217,7 @@ def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> s
 
 def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:
     """The runs of an experiment that carry an identity, by identity. Two runs with one identity (a
-    kill inside ``tracking.start_over``, after the new run exists and before the old one is
+    kill inside ``run.start_over``, after the new run exists and before the old one is
     untagged) resolve to the finished one, else the newest: never to an arbitrary one."""
     runs = client.search_runs(
         [exp_id], filter_string=f"tags.`{RUN_ID}` != ''", max_results=50000, order_by=["attributes.start_time ASC"]

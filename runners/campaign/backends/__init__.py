@@ -1,14 +1,14 @@
 """Campaign backends: the interface every scheduler implements (``Backend``: check, start, room,
 submit, poll, placement, cancel), the registry of them by name (``register``, ``registered``,
 ``parse_backend``), the loop that drives any of them (``run_all``), and what they share: a run
-ready to start (``Launch``), a run that ended (``Ended``), a backend's typed settings
-(``BackendSettings``), the tail of a run's log (``tail``) and where an attempt ran
-(``note_placement``).
+ready to start (``Launch``), a run that ended (``Ended``), the tail of a run's log (``tail``) and
+where an attempt ran (``note_placement``). A backend's typed settings subclass
+``runners.campaign.spec.BackendSettings``, the campaign's section they come from.
 
-A backend registers itself with ``@register``. The built-in ones live beside this package
-(``runners.ops.local``, ``runners.ops.cluster`` for Ray, ``runners.ops.slurm``); every module in
-this package is a backend too, imported when the registry is first read, so a new backend is one
-module here (plus its test and docs): ``docs/extending.md``.
+A backend registers itself with ``@register``. Every module of this package is a backend, imported
+when the registry is first read: the built-in ones (``BUILTIN``: ``local``, ``ray``, ``slurm``)
+first, then any other, so a new backend is one module here (plus its test and docs):
+``docs/extending.md``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,13 @@ import pkgutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from runners.ops.campaign import CampaignError, RunSpec
+from runners.campaign.spec import BackendSettings, Campaign, CampaignError, RunSpec
 
-if TYPE_CHECKING:
-    from runners.ops.campaign import Campaign
-
-BUILTIN = ("runners.ops.local", "runners.ops.cluster", "runners.ops.slurm")
+BUILTIN = ("local", "ray", "slurm")  # the built-in backends' modules in this package, loaded first
 Failure = tuple[RunSpec, str]  # a run that failed and the tail of its log
 
 
@@ -50,33 +47,6 @@ class Ended:
     ok: bool
     why: str = ""
     again: bool = False
-
-
-@dataclass(kw_only=True)
-class BackendSettings:
-    """A backend's settings, from the campaign's top-level keys ``keys``; every backend retries a run
-    killed by a signal (preempted, segfault, OOM kill) at most ``max_retries`` times."""
-
-    keys: ClassVar[tuple[str, ...]] = ("max_retries",)
-    max_retries: int = 3
-
-    @classmethod
-    def parse(cls, data: dict[str, Any]) -> BackendSettings:
-        """The settings from the campaign's mapping: one ``CampaignError`` line naming the key and the fix."""
-        return cls(**whole_numbers(data, [f.name for f in fields(cls)]))
-
-
-def whole_numbers(data: dict[str, Any], keys: list[str]) -> dict[str, int]:
-    """The campaign's whole-number keys among ``keys`` (``max_retries`` >= 0, the others >= 1)."""
-    out = {}
-    for key in keys:
-        if key not in data:
-            continue
-        v, low = data[key], 0 if key == "max_retries" else 1
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise CampaignError(f"{key} = {v!r}: expected a whole number >= {low}")
-        out[key] = v
-    return out
 
 
 class Backend(ABC):
@@ -142,10 +112,11 @@ def register(cls: type[Backend]) -> type[Backend]:
 
 
 def registered() -> dict[str, type[Backend]]:
-    """Every backend by name: the built-in ones and each module of this package."""
+    """Every backend by name: the built-in ones and each other module of this package."""
     if not _LOADED:
-        for module in (*BUILTIN, *(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__))):
-            importlib.import_module(module)
+        others = [m.name for m in pkgutil.iter_modules(__path__) if m.name not in BUILTIN]
+        for module in (*BUILTIN, *others):
+            importlib.import_module(f"{__name__}.{module}")
         _LOADED.append(True)
     return dict(_REGISTRY)
 
@@ -269,6 +240,6 @@ def note_placement(env: dict[str, str], log_path: str, where: str) -> None:
     if env.get("MLFLOW_RUN_ID"):
         from mlflow.tracking import MlflowClient
 
-        from runners.ops import store
+        from runners.tracking import store
 
         MlflowClient(env["MLFLOW_TRACKING_URI"]).set_tag(env["MLFLOW_RUN_ID"], store.PLACEMENT, where)

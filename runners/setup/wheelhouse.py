@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(
-        prog="python -m runners.ops.wheelhouse",
+        prog="python -m runners.setup.wheelhouse",
         description="Download the project's pinned runtime wheels for an offline machine.",
     )
     p.add_argument("--out", type=Path, default=Path("wheels"), help="folder for the wheels (default: wheels/)")

@@ -1,45 +1,32 @@
-"""MLflow tracking: the default SQLite store, a local tracking server for concurrent writers,
-and the metric sink that runs log through (deduplicated by step, so a resumed run never
-records a step twice).
-
-A local server (a campaign's, ``make ui``, ``make tracking-server``) records itself (pid, port,
-its processes' token, the process that started it) in a file beside its store; whatever a
-starter that died without stopping it left (``kill -9`` of a campaign, of ``make ui`` or of its
-MLflow main process) is found through the token (``runners.ops.servers``) and stopped by the
-next server started for the same store.
+"""A tracked run: its MLflow run (a new one carries the run's identity and provenance as tags and
+its flattened recipe as params; a single run finds its own again, ``single_run``), the metric sink
+it logs through (deduplicated by step, so a resumed run never records a step twice), training inside
+it (``tracked_train``), and a run that starts over under a new identity (``start_over``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-from mlflow.entities import Metric
+from mlflow.entities import Metric, Run
 from mlflow.tracking import MlflowClient
 
 from runners.contract import MEAN_AT_16
-from runners.ops import servers, store
-
-#: A server that does tracking only: MLflow's job runner (huey consumers for GenAI features,
-#: about eight processes of ~200 MB) stays off.
-TRACKING_ONLY = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+from runners.identity import code_version, run_key
+from runners.recipe import Recipe
+from runners.runfolder import RunFolderError, has_history, recorded_store, remember_store, set_aside
+from runners.tracking import store
 
 #: A trainer's MLflow HTTP calls, bounded through MLflow's own settings (its defaults: 7 retries,
 #: backoff factor 2, 120 s timeout, about 4 min a call against a server that is gone; with the
 #: sink's 8 attempts a run blocked silently for 39 min). Now a call gives up after about 60 s
 #: (retries after 0, 2, 4, 8, 16 and 32 s), long enough for a campaign to start its dead server again
-#: (``runners.ops.watch``); the sink says each failure on the console. The environment overrides them.
+#: (``runners.campaign.watch``); the sink says each failure on the console. The environment overrides them.
 HTTP_LIMITS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",  # twice the 31 s a restart took under load
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
@@ -63,200 +50,6 @@ def request_error(e: Exception) -> str:
     if "Caused by " in cause:  # urllib3's chain: the innermost reason is last
         cause = cause.rsplit("Caused by ", 1)[1].rsplit(": ", 1)[-1].rstrip("'\")")
     return f"{head} failed: {cause[:160]}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def server_record(backend_uri: str, artifacts: Path, name: str = "server") -> Path:
-    """Where a local server of this store records itself: beside a SQLite file, else in its
-    artifacts. ``name``: ``server`` for a campaign's or the tracking server, ``ui-PORT`` for ``make ui``."""
-    if backend_uri.startswith("sqlite:///"):
-        return Path(backend_uri.removeprefix("sqlite:///") + f".{name}.json")
-    return artifacts / f"{name}.json"
-
-
-def _records(backend_uri: str, artifacts: Path) -> list[Path]:
-    """Every server record of this store: its campaign or tracking server and its UIs."""
-    first = server_record(backend_uri, artifacts)
-    prefix = glob.escape(first.name.removesuffix("server.json"))
-    return sorted(p for pattern in ("server.json", "ui-*.json") for p in first.parent.glob(prefix + pattern))
-
-
-def _legacy_processes(info: dict) -> list[psutil.Process]:
-    """The processes of a record written before servers carried a token: the MLflow processes
-    of its process group (the server started a session of its own, so the group is its pid)."""
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        with contextlib.suppress(psutil.Error, OSError):
-            if os.getpgid(proc.pid) == info.get("pid") and "mlflow" in " ".join(proc.info["cmdline"] or []):
-                found.append(proc)
-    return found
-
-
-def stop_stale_server(record: Path, log=print) -> None:
-    """Stop every process of the server a record names (its main process, its uvicorn workers,
-    also those a ``kill -9`` of the main process orphaned) if the process that started it is
-    gone; a live owner's server is left alone."""
-    try:
-        info = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return
-    if servers.owner_alive(info):
-        return
-    procs = servers.processes(info["token"]) if "token" in info else _legacy_processes(info)
-    if procs:
-        log(
-            f"stopping a stale MLflow server (pid {info.get('pid')}, port {info.get('port')}; processes "
-            f"{sorted(p.pid for p in procs)}) left by an interrupted run of this store"
-        )
-        servers.stop(procs)
-    record.unlink(missing_ok=True)
-
-
-def stop_stale_servers(backend_uri: str, artifacts: Path, log=print) -> None:
-    """``stop_stale_server`` for every server record of this store."""
-    for record in _records(backend_uri, artifacts):
-        stop_stale_server(record, log)
-
-
-def exit_reason(code: int | None) -> str:
-    """'exit code N' or 'killed by SIGNAME', from a Popen return code."""
-    if code is not None and code < 0:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
-def answers(url: str) -> bool:
-    """Whether the MLflow server at ``url`` answers ``/health`` with 200 now."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def serve(
-    cmd: list[str],
-    backend_uri: str,
-    artifacts: Path,
-    *,
-    port: int,
-    host: str = "127.0.0.1",
-    record_name: str = "server",
-    what: str = "mlflow server",
-    env: dict[str, str] | None = None,
-    out=None,
-    log=print,
-) -> Iterator[subprocess.Popen]:
-    """Run an MLflow server command for a store; yields its main process once ``/health`` answers.
-
-    First stops the servers that killed owners left on the store and refuses a port in use
-    (naming the pid that holds it). The server runs in a session of its own, marked and recorded
-    (``server_record``) so that a later start finds all of its processes; on exit every process
-    of it is stopped, the workers a dead main process left included. ``out``: a file for its
-    output (default: this process's)."""
-    stop_stale_servers(backend_uri, artifacts, log)
-    servers.check_port(port, host, what)
-    record = server_record(backend_uri, artifacts, record_name)
-    record.parent.mkdir(parents=True, exist_ok=True)
-    token = servers.new_token()
-    proc = servers.spawn(cmd, token, (os.environ if env is None else env) | TRACKING_ONLY, out)
-    main = psutil.Process(proc.pid)
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    try:
-        tmp = record.with_suffix(".tmp")
-        info = {"pid": proc.pid, "port": port, "token": token, "backend_uri": backend_uri, **servers.owner()}
-        tmp.write_text(json.dumps(info))
-        tmp.replace(record)
-        started = said = time.time()
-        deadline = started + 120
-        log(f"starting {what} on {url} (store {backend_uri}) ...")
-        while True:
-            if proc.poll() is not None:
-                holder = servers.port_holder(port, host)
-                raise servers.ServerError(
-                    f"{what} ({exit_reason(proc.returncode)}) stopped before it answered on {url}"
-                    + (f"; port {port} is held by {holder}" if holder else "")
-                    + (f"; see {getattr(out, 'name', 'its output above')}")
-                )
-            if answers(url):
-                break
-            if time.time() > deadline:
-                raise servers.ServerError(f"{what} did not answer on {url} within 120 s")
-            if time.time() - said >= 10:  # a first start creates the store's tables; a loaded machine is slow
-                said = time.time()
-                log(f"  still starting ({said - started:.0f} s; it answers within 120 s or is stopped)")
-            time.sleep(0.5)
-        yield proc
-    finally:
-        servers.stop({p.pid: p for p in (main, *servers.processes(token))}.values())
-        proc.wait()
-        with contextlib.suppress(OSError, ValueError):
-            if json.loads(record.read_text()).get("token") == token:
-                record.unlink()
-
-
-@contextlib.contextmanager
-def local_server(
-    backend_uri: str,
-    artifacts: Path,
-    *,
-    port: int | None = None,
-    host: str = "127.0.0.1",
-    workers: int = 1,
-    auth_env: dict[str, str] | None = None,
-    log=print,
-) -> Iterator[str]:
-    """Run ``mlflow server`` (on 127.0.0.1 unless told otherwise) in front of a store; yields its URL.
-
-    In front of SQLite it gives many processes one writer, so none sees "database is locked".
-    It runs as one process and its uvicorn worker(s): tracking only (``TRACKING_ONLY``).
-    ``auth_env``: the server environment of MLflow's basic authentication (``runners.ops.auth``);
-    every request then needs a user's credentials."""
-    port = port or free_port()
-    artifacts.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--backend-store-uri",
-        backend_uri,
-        "--artifacts-destination",
-        str(artifacts.resolve()),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        *(["--app-name", "basic-auth"] if auth_env else []),
-    ]
-    started = time.time()
-    with (
-        (artifacts / "server.log").open("ab") as logf,
-        serve(
-            cmd,
-            backend_uri,
-            artifacts,
-            port=port,
-            host=host,
-            env=os.environ | (auth_env or {}),
-            out=logf,
-            log=log,
-            what="an MLflow tracking server",
-        ) as proc,
-    ):
-        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-        ready = f"ready in {time.time() - started:.0f} s (pid {proc.pid})"
-        log(f"MLflow tracking server {url} (store {backend_uri}) {ready}")
-        yield url
 
 
 class MlflowSink:
@@ -399,3 +192,63 @@ def samples_table(path: Path):
             records.append(json.loads(line))
     rows = [{"step": r["step"], **sample} for r in records for sample in r.get("samples", [])]
     return pd.DataFrame(rows) if rows else None
+
+
+def new_run(client: MlflowClient, exp_id: str, recipe: Recipe, *, name: str, run_key: str, tags: dict[str, str]) -> Run:
+    """An MLflow run for a recipe: its identity and provenance as tags, the flattened recipe as params."""
+    provenance = {
+        store.RUN_ID: run_key,
+        store.CODE_VERSION: code_version(),
+        store.GIT_COMMIT: _git_commit(),
+        store.VERSIONS: _versions(),
+    }
+    run = client.create_run(exp_id, run_name=name, tags={**provenance, **tags})
+    store.log_params(client, run.info.run_id, {k: str(v)[:6000] for k, v in recipe.flat().items()})
+    return run
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _versions() -> str:
+    from importlib.metadata import version
+
+    return ",".join(f"{p}={version(p)}" for p in ("torch", "transformers", "trl", "mlflow"))
+
+
+def single_run(recipe: Recipe, run_dir: Path, experiment: str, new_store: bool = False) -> tuple[str, bool]:
+    """The MLflow run of a single tracked run: the one of the same identity and run folder (it
+    resumes, as the folder does), else a new one; and whether it is done. A store is created only
+    where asked for (``store.store_to_write``); a folder whose run is tracked in another store is
+    refused, or with ``new_store`` set aside and trained again. The folder records its store."""
+    uri = store.store_to_write(store.default_tracking_uri(), new_store=new_store)
+    db = store.sqlite_file(uri)
+    client = None if db is not None and not db.exists() else MlflowClient(uri)
+    exp_id = None if client is None else store.experiment_id(client, experiment)
+    folder = str(run_dir.resolve())
+    key = run_key(recipe, run_dir=folder)
+    run = store.identified_runs(client, exp_id).get(key) if exp_id else None
+    held = recorded_store(run_dir) if run is None and has_history(run_dir) else None
+    if held not in (None, store.store_key(uri)):
+        if not new_store:
+            raise RunFolderError(
+                f"{folder} holds a run tracked in the store {held}, not in {uri}: point MLFLOW_TRACKING_URI at "
+                f"that store, or copy its runs here first (make import SRC={store.sqlite_file(held) or held}), or "
+                f"pass {store.NEW_STORE} to train it again into this store (its files are set aside in the folder)"
+            )
+        print(f"{folder} held a run of {held}; set aside in {set_aside(run_dir, 'other-store')}", flush=True)
+    store.create_store(uri)
+    client = client or MlflowClient(uri)
+    exp_id = store.experiment_id(client, experiment, create=True)
+    if run is None:
+        name = f"{recipe.name}/seed{recipe.train.seed}"
+        run = new_run(client, exp_id, recipe, name=name, run_key=key, tags={store.RUN_DIR: folder})
+    remember_store(run_dir, store.store_key(uri), run.info.run_id)
+    return run.info.run_id, store.is_done(run)

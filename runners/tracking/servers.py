@@ -6,7 +6,7 @@ A server's processes carry a marker in their environment (``PRL_SERVER=<token>``
 process they start inherits, so a uvicorn worker whose parent was killed with ``kill -9`` (it is
 then a child of init, still serving) is found by the token alone. The MLflow main process also
 gets SIGTERM when the process that started it dies (Linux's parent-death signal), and passes it
-on to its worker. A record file (``tracking.server_record``) names the token and the owner; the
+on to its worker. A record file (``serve.server_record``) names the token and the owner; the
 next start for the same store stops whatever a dead owner left.
 """
 
@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -93,6 +94,13 @@ def port_holder(port: int, host: str = "127.0.0.1") -> str | None:
     return None
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def check_port(port: int, host: str, what: str, flag: str = "--port") -> None:
     """Refuse to start ``what`` on a port that something already listens on, naming the holder."""
     holder = port_holder(port, host)
@@ -117,7 +125,7 @@ def _die_with(parent: int):
 def spawn(cmd: list[str], token: str, env: dict[str, str], out=None) -> subprocess.Popen:
     """Start a server in a session of its own, marked with ``token``; on Linux it gets SIGTERM
     when the thread that started it ends, with its process or alone (so start it from a thread
-    that outlives it, as the ``with`` block of ``tracking.serve`` does). ``out``: a file for its
+    that outlives it, as the ``with`` block of ``serve.serve`` does). ``out``: a file for its
     output (default: this process's)."""
     return subprocess.Popen(
         cmd,

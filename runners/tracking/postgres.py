@@ -31,7 +31,7 @@ import psutil
 
 ROLE = "mlflow"  # the role MLflow connects as
 HBA = (
-    "# written by runners/ops/postgres.py: the server's own OS user on the socket, passwords on TCP\n"
+    "# written by runners/tracking/postgres.py: the server's own OS user on the socket, passwords on TCP\n"
     "local all all peer\n"
     "host all all 127.0.0.1/32 scram-sha-256\n"
     "host all all ::1/128 scram-sha-256\n"
