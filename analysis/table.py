@@ -184,9 +184,11 @@ def measured_steady(curves: pd.DataFrame, flags: list[Flag], settings: FitSettin
     k = settings.last_k
     runs = {(f.variant, f.seed) for f in flags}
     hit = {v for v, _ in runs}
+    if not runs:  # nothing flagged: the comparison is the measured one already
+        return pd.DataFrame(columns=["variant"])
     keep = [(v, int(s)) not in runs for v, s in zip(curves["variant"], curves["seed"], strict=True)]
     steady = measured_at_budget(curves[keep], settings.x, settings.margin, last_k=k, arms=arms)
-    if not runs or steady.empty:
+    if steady.empty:
         return pd.DataFrame(columns=["variant"])
     steady = steady[steady["variant"].isin(hit) | ("baseline" in hit)]
     cols = [c for c in steady if c.startswith(f"measured_last{k}")]
