@@ -1,5 +1,6 @@
-"""A run's identity: the fully resolved recipe under a code version. Campaigns key their runs by
-it, a single run's folder is named by it, and a finished run is reused only while it is unchanged."""
+"""A run's identity: the fully resolved recipe under a code version, and the build of its embedded
+base model. Campaigns key their runs by it, a single run's folder is named by it, and a finished run
+is reused only while it is unchanged."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 import json
 
 from runners.recipe import Recipe
-from runners.task.sizes import BUILD_VERSION
+from runners.task.sizes import BUILD_VERSION, build_key
 
 # The code's part of a run's identity. Bump it when a change alters what a run with the same
 # recipe produces (training, evaluation, compute accounting or the embedded base model); a
@@ -22,7 +23,12 @@ def code_version() -> str:
 
 
 def run_key(recipe: Recipe, **context: str) -> str:
-    """Identity of a run: hash of the fully resolved recipe (seed included), ``code_version()`` and
-    any context that also names it (a single run's folder)."""
-    blob = json.dumps({"recipe": recipe.to_dict(), "code": code_version(), **context}, sort_keys=True, default=str)
+    """Identity of a run: hash of the fully resolved recipe (seed included), ``code_version()``, the
+    build key of its embedded base model (a size names its shape and SFT only through it: a size
+    whose SFT changes gives its runs new identities, so no run trained on the old build is reused)
+    and any context that also names it (a single run's folder)."""
+    base = {"base": build_key(recipe.model.size, recipe.data.task)} if recipe.model.size else {}
+    blob = json.dumps(
+        {"recipe": recipe.to_dict(), "code": code_version(), **base, **context}, sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

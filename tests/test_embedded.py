@@ -289,3 +289,28 @@ def test_the_sizes_span_the_range_and_the_old_ones_keep_their_builds(tiny_base):
     assert 0 < info["sft_seconds"] < info["seconds"] and info["sft_steps"] == SIZES["tiny"].sft_steps
     gpu_task = recipe_from_dict(raw_recipe("scalerl-gpu4")).data.task
     assert build_key("medium", gpu_task) == "46f3dbcae05a"  # results/loo-gpu*/campaign.log built medium-46f3dbcae05a
+
+
+def test_a_size_whose_build_changes_gives_its_runs_new_identities(monkeypatch):
+    """A run's identity carries its base model's build key, so a size whose SFT changes (large's went from
+    1,500 to 3,000 steps) gives its runs new identities: a finished run trained on the old build is not
+    reused as if it were the new one. Every other size's runs keep theirs, and a model.path run has none."""
+    import copy
+    from dataclasses import replace
+
+    from runners.identity import run_key
+    from runners.recipe import raw_recipe
+    from runners.task import sizes
+
+    raw = raw_recipe("scalerl-gpu4")
+
+    def key(size: str | None) -> str:
+        r = copy.deepcopy(raw)
+        r["model"].update(size=size, path=None if size else "/models/mine")
+        return run_key(recipe_from_dict(r))
+
+    before = {s: key(s) for s in ("large", "medium", None)}
+    monkeypatch.setitem(sizes.SIZES, "large", replace(sizes.SIZES["large"], sft_steps=1500))
+    after = {s: key(s) for s in before}
+    assert after["large"] != before["large"]
+    assert after["medium"] == before["medium"] and after[None] == before[None]
