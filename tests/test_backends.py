@@ -156,3 +156,16 @@ def test_the_documented_backend_runs_a_campaign(store, tmp_path, monkeypatch, re
     ((spec, why),) = summary["failures"]
     assert spec.variant == "baseline" and why.endswith("TheError: why")
     assert "[1/1] start baseline seed 0 nowhere" in said and "[1/1] FAILED baseline seed 0: TheError: why" in said
+
+
+def test_a_campaign_started_on_some_gpus_runs_its_runs_on_those():
+    """Measured on a 2 x H200 machine (issue 44's study): a campaign started with
+    CUDA_VISIBLE_DEVICES=1 placed its runs on GPU 0, beside another campaign's, because each run was
+    given its index among the visible GPUs (``0``) as its own CUDA_VISIBLE_DEVICES."""
+    from runners.campaign.backends.local import visible_ids
+
+    assert visible_ids("1", 1) == ["1"]
+    assert visible_ids("2, 3", 2) == ["2", "3"]
+    assert visible_ids("GPU-3b20,GPU-53ec", 2) == ["GPU-3b20", "GPU-53ec"]  # UUIDs pass through
+    assert visible_ids("0,7", 1) == ["0"]  # CUDA stops at an entry it cannot use: as many as it sees
+    assert visible_ids("", 0) == [] and visible_ids(None, 2) == ["0", "1"]  # no GPU; unset: every GPU

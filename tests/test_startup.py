@@ -14,10 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import sys
-from runners.campaign.backends.local import devices
+import os
+from runners.campaign.backends.local import devices, visible_ids
 found, loaded = devices(), "torch" in sys.modules
 import torch
-count = [str(i) for i in range(torch.cuda.device_count())] or [None]
+count = visible_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()) or [None]
 print(found == count, loaded, torch.version.cuda is None and torch.version.hip is None)
 """
 

@@ -91,7 +91,16 @@ def devices() -> list[str | None]:
         n = torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no torch CUDA: CPU
         n = 0
-    return [str(i) for i in range(n)] or [None]
+    return visible_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), n) or [None]
+
+
+def visible_ids(setting: str | None, count: int) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES value that names each of the ``count`` GPUs this process sees: the
+    entries of its own setting, in order (indices or UUIDs), else ``0 .. count-1``. A campaign started
+    with ``CUDA_VISIBLE_DEVICES=1`` then runs on GPU 1; before, its runs were given ``0``, GPU 0."""
+    if setting is None:
+        return [str(i) for i in range(count)]
+    return [e.strip() for e in setting.split(",") if e.strip()][:count]
 
 
 def _cpu_only_torch() -> bool:
