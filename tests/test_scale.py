@@ -102,6 +102,15 @@ def test_the_gpu_scale_campaigns_expand(name):
     assert {s.recipe.model.dtype for s in specs} == {"bfloat16"}
 
 
+def test_every_shipped_campaign_loads_and_expands():
+    """A campaign file under experiments/campaigns that does not load would fail on the GPU machine,
+    after its set-up: each is loaded and expanded here, with its runs' recipes resolved."""
+    names = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "experiments/campaigns").glob("*.yaml"))
+    assert {"loo-cpu", "loo-gpu7", "scale-gpu", "scale-gpu-penalty"} <= set(names)
+    for name in names:
+        assert expand(load_campaign(name)), name
+
+
 @pytest.mark.slow
 def test_a_tiny_scale_campaign_runs_end_to_end_and_mlflow_groups_its_runs_by_size(store, tmp_path):
     """Two sizes (pico built here, tiny the session's) on CPU, packed two at once: each run tagged with its
