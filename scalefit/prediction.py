@@ -483,7 +483,7 @@ def reading(variant: Forecast, baseline: Forecast, at: tuple[float, float], marg
     return separate(variant, baseline, at[0], at[1], margin=margin)
 
 
-def _withheld(call: Call, why: str, open_ceiling: bool = False) -> Call:
+def withhold(call: Call, why: str, open_ceiling: bool = False) -> Call:
     """``call`` not made, for ``why``. Where a ceiling is open (``open_ceiling``: an own fit's A
     reaches its grid's edge) or its reading finds the efficiency changed and the ceiling not yet
     told, it is "slower or lower" ("faster or higher"): the difference at the budget could come from
@@ -545,11 +545,11 @@ def backed(
     why += unsupported("the baseline's own fit", own_b, bb, side[1])
     if why:
         if any("asymptote" in w for w in why) and call.label in UNSEPARATED:
-            return _withheld(call, f"{'; '.join(why)}; {pooled}", open_ceiling=True)
-        return _withheld(call, f"the variant's own fit does not back it: {'; '.join(why)}; {pooled}")
+            return withhold(call, f"{'; '.join(why)}; {pooled}", open_ceiling=True)
+        return withhold(call, f"the variant's own fit does not back it: {'; '.join(why)}; {pooled}")
     own = label_call(own_v, own_b, at, margin, level)
     if own.label != call.label:
-        return _withheld(call, f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}")
+        return withhold(call, f"the variant's own fit does not back it: alone it says {own.text(margin)}; {pooled}")
     return call
 
 
@@ -580,6 +580,6 @@ def call_difference(
     call = label_call(variant, baseline, at, margin, level)
     call.reading = reading(variant, baseline, at, margin)
     if call.label == "cannot tell yet":  # the interval straddles a margin: slower or lower, where the reading says
-        withheld = _withheld(call, f"Δ {call.delta:+.3f} [{call.lo:+.3f}, {call.hi:+.3f}] straddles ±{margin:g}")
+        withheld = withhold(call, f"Δ {call.delta:+.3f} [{call.lo:+.3f}, {call.hi:+.3f}] straddles ±{margin:g}")
         return withheld if withheld.reason.startswith(tuple(UNSEPARATED.values())) else call
     return backed(call, variant, baseline, at, margin, level)

@@ -229,6 +229,25 @@ def cpu_only_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": "", **extra}
 
 
+@contextlib.contextmanager
+def tmpfs(where: Path, size_kib: int):
+    """A tmpfs of ``size_kib`` mounted at ``where`` for the block; skips the test where this
+    process may not mount (mounting needs root, CAP_SYS_ADMIN)."""
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(where)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()[:200]}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def remount(where: Path, options: str) -> None:
+    """Mount ``where`` (a :func:`tmpfs`) again with ``options``: ``ro``, or a new ``size=``."""
+    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
+
+
 def train_small_run(run_dir: Path, processes: int) -> list[dict]:
     """``runners train`` of :data:`SMALL_RUN` over ``processes`` (``--gpus``: DDP through accelerate,
     gloo on CPU, also on a GPU machine), tracked to ``mlflow.db`` beside ``run_dir``; its metrics records."""

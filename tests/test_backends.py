@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.campaign import backends
-from runners.campaign.backends import Backend, Ended, Launch, register, registered
+from runners.campaign.backends import Backend, Ended, Launch, register, registered, unregister
 from runners.campaign.load import load_campaign
 from runners.campaign.runs import run_campaign
 from runners.campaign.spec import BackendSettings, CampaignError
@@ -28,9 +28,9 @@ MEMBERS = ("check", "submit", "placement", "poll", "cancel")
 def registry():
     """The registry as it was, back after the test (a test registers backends of its own)."""
     before = registered()
-    yield backends._REGISTRY
-    backends._REGISTRY.clear()
-    backends._REGISTRY.update(before)
+    yield
+    for name in registered().keys() - before.keys():
+        unregister(name)
 
 
 def _complete(**without: object) -> type[Backend]:
@@ -43,7 +43,7 @@ def _complete(**without: object) -> type[Backend]:
 def test_a_backend_that_leaves_out_a_member_is_refused_when_it_registers(registry, member):
     with pytest.raises(TypeError, match=f"backend 'partial' is incomplete: it needs {member}"):
         register(_complete(**{member: None}))
-    assert "partial" not in registry
+    assert "partial" not in registered()
     register(_complete())  # with every member it registers
     assert "partial" in registered()
 
@@ -134,8 +134,8 @@ def test_the_documented_backend_runs_a_campaign(store, tmp_path, monkeypatch, re
     finds it, the campaign takes ``backend: serial`` and its key, the run trains to the end and its
     failures come back through the same loop."""
     monkeypatch.setattr(backends, "__path__", [*backends.__path__, _documented_backend(tmp_path)])
-    monkeypatch.setattr(backends, "_LOADED", [])
     monkeypatch.delitem(sys.modules, "runners.campaign.backends.serial", raising=False)
+    registered(rescan=True)
     bad = write_campaign(tmp_path / "bad.yaml", "tiny-serial", 2, {}, backend="serial", nice=42)
     with pytest.raises(CampaignError, match="nice = 42: expected a whole number from 0 to 19"):
         load_campaign(bad)

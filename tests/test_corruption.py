@@ -16,8 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.campaigns import TINY as CAMPAIGN_TINY
 from tests.campaigns import write_campaign
-from tests.conftest import empty_store
-from tests.test_faults import _remount, tmpfs
+from tests.conftest import empty_store, remount, tmpfs
 
 TINY = {**CAMPAIGN_TINY, "train.steps": 4, "train.save_every": 2, "eval.every": 2}  # the tiny run, 4 steps
 SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]
@@ -116,7 +115,7 @@ def test_a_read_only_artifacts_folder_is_one_line_before_a_lock_or_a_run(tmp_pat
     monkeypatch.chdir(tmp_path)
     camp = str(write_campaign(tmp_path / "c.yaml", "ro-artifacts", 2, {}))
     with tmpfs(tmp_path / "artifacts", 1024) as ro:
-        _remount(ro, "ro")
+        remount(ro, "ro")
         res = cli("runners", "campaign", camp)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     assert res.stderr.strip() == (
@@ -137,7 +136,7 @@ def test_a_read_only_base_model_cache_is_one_line_before_the_build(tmp_path, mon
     camp = str(write_campaign(tmp_path / "c.yaml", "ro-cache", 2, {}))
     commands = [["train", "scalerl", *SETS], ["base-model", "scalerl", "--set", "model.size=tiny"], ["campaign", camp]]
     with tmpfs(tmp_path / "cache", 1024) as ro:
-        _remount(ro, "ro")
+        remount(ro, "ro")
         monkeypatch.setenv("PRL_CACHE", str(ro))
         for args in commands:
             res = cli("runners", *args)

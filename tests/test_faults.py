@@ -4,38 +4,19 @@ resume from, a path given as a tracking URI, and a device count below one."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.campaigns import TINY as CAMPAIGN_TINY
+from tests.conftest import remount, tmpfs
 
 TINY = {**CAMPAIGN_TINY, "train.steps": 4, "train.save_every": 2, "eval.every": 2}  # the tiny run, 4 steps
 SETS = [f"--set={k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in TINY.items()]
-
-
-@contextlib.contextmanager
-def tmpfs(where: Path, size_kib: int):
-    """A tmpfs of ``size_kib`` mounted at ``where`` for the block; skips the test where this
-    process may not mount (mounting needs root, CAP_SYS_ADMIN)."""
-    where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(where)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()[:200]}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def _remount(where: Path, options: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,{options}", str(where)], check=True)
 
 
 @pytest.mark.slow
@@ -63,7 +44,7 @@ def test_a_full_disk_mid_checkpoint_is_one_line_naming_the_folder_and_the_rerun_
         assert "then re-run: it resumes from checkpoint-2" in line
         assert not (run / "checkpoints" / "checkpoint-4" / "prl_state.json").exists()
 
-        _remount(disk, "size=16m")  # space freed
+        remount(disk, "size=16m")  # space freed
         said: list[str] = []
         train(load_recipe("scalerl", TINY), run, log=said.append)
         assert any("skipping checkpoint-4: no prl_state.json" in m for m in said), said
@@ -110,7 +91,7 @@ def test_a_read_only_run_folder_is_refused_before_a_model_loads_or_a_run_is_made
         if exists:
             (ro / "run").mkdir()
             (ro / "run" / "metrics.jsonl").write_text("")
-        _remount(ro, "ro")
+        remount(ro, "ro")
         args = ["train", "scalerl", "--run-dir", str(ro / "run"), *SETS] + ([] if tracked else ["--untracked"])
         try:
             assert main(args) == 2
@@ -202,7 +183,7 @@ def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
             with pytest.raises(OSError, match="No space left"), path.open("a") as fh:  # as the run wrote it
                 fh.write(json.dumps({"step": 2, "samples": [{"completion": pad}]}) + "\n")
             assert not path.read_bytes().endswith(b"\n")  # cut short
-        _remount(disk, "size=64k")
+        remount(disk, "size=64k")
         for name in ("metrics.jsonl", "samples.jsonl"):
             append_json_line(disk / name, {"step": 2, "samples": [{"completion": "again"}]})
         assert [r["step"] for r in metric_records(disk / "metrics.jsonl")] == [0, 2]

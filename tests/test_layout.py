@@ -1,6 +1,7 @@
 """The runners package by concern: its modules import one way (no cycle, imports inside functions and
-type-only ones included), each concern imports nothing from the concerns above it, and no module
-imports a private name of another. Read from the code's own imports (``ast``); nothing is run."""
+type-only ones included), each concern imports nothing from the concerns above it, and no module of
+the project (runners, scalefit, analysis, tests) uses a private name of another. Read from the code's
+own imports (``ast``); nothing is run."""
 
 from __future__ import annotations
 
@@ -96,13 +97,114 @@ def test_each_concern_imports_nothing_from_the_concerns_above_it():
     assert not wrong, wrong
 
 
-def test_no_module_of_runners_imports_a_private_name_of_another():
-    modules = _modules()
-    private = [
-        f"{name}: {used}.{n}"
-        for name, path in modules.items()
-        for used, names in _imports(path, modules)
-        for n in names
-        if n.startswith("_")
+PACKAGES = ("runners", "scalefit", "analysis", "tests")  # the project's own modules
+
+
+def _project_modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the project's packages by its dotted name (a package by its ``__init__``'s)."""
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _absolute(node: ast.ImportFrom, name: str, path: Path) -> str:
+    """The module ``node`` imports from, a relative import resolved against module ``name``."""
+    if not node.level:
+        return node.module or ""
+    parts = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    return ".".join([*parts[: len(parts) - node.level + 1], *([node.module] if node.module else [])])
+
+
+def _import_module(expr: ast.expr) -> str | None:
+    """The module ``expr`` imports, where it is ``importlib.import_module("m")``."""
+    if not isinstance(expr, ast.Call) or getattr(expr.func, "attr", getattr(expr.func, "id", "")) != "import_module":
+        return None
+    first = expr.args[0] if expr.args else None
+    return first.value if isinstance(first, ast.Constant) and isinstance(first.value, str) else None
+
+
+def _private_uses(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """Where module ``name`` uses a private name of another project module: ``from m import _x``,
+    ``m._x`` (``m`` bound to the module by an import or ``importlib.import_module``) and
+    ``setattr(m, "_x", ...)``."""
+    tree = ast.parse(path.read_text())
+    bound: dict[str, str] = {}  # a local name -> the project module it is bound to
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in PACKAGES:
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(node, name, path)
+            if source.split(".")[0] not in PACKAGES:
+                continue
+            for a in node.names:
+                if f"{source}.{a.name}" in modules:
+                    bound[a.asname or a.name] = f"{source}.{a.name}"
+                if _private(a.name) and source != name:
+                    found.append((node.lineno, f"{name}:{node.lineno} imports {source}.{a.name}"))
+        elif isinstance(node, ast.Assign) and (imported := _import_module(node.value)) in modules:
+            bound[getattr(node.targets[0], "id", "")] = imported
+
+    def module_of(expr: ast.expr) -> str | None:
+        chain = []
+        while isinstance(expr, ast.Attribute):
+            chain.append(expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name) or expr.id not in bound:
+            return None
+        dotted = ".".join([bound[expr.id], *reversed(chain)])
+        return dotted if dotted in modules and dotted != name else None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and (used := module_of(node.value)):
+            found.append((node.lineno, f"{name}:{node.lineno} uses {used}.{node.attr}"))
+        elif isinstance(node, ast.Call) and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+            attr, callee = node.args[1].value, node.func
+            setter = getattr(callee, "attr", getattr(callee, "id", "")) in ("setattr", "getattr", "delattr")
+            if setter and isinstance(attr, str) and _private(attr) and (used := module_of(node.args[0])):
+                found.append((node.lineno, f"{name}:{node.lineno} uses {used}.{attr}"))
+    return [use for _, use in sorted(found)]
+
+
+def _private_names_used(root: Path = ROOT) -> list[str]:
+    modules = _project_modules(root)
+    return [use for name, path in modules.items() for use in _private_uses(name, path, modules)]
+
+
+def test_no_module_of_the_project_uses_a_private_name_of_another():
+    """A name shared between modules is public where it is defined (a shared test helper lives in
+    tests/conftest.py)."""
+    assert not _private_names_used(), _private_names_used()
+
+
+def test_the_private_name_finder_finds_each_form(tmp_path):
+    """The finder itself, on planted uses: imported (absolute and relative), read as an attribute of
+    an imported module, and patched by name; a module's own private names and dunders are not uses."""
+    pkg = tmp_path / "scalefit"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .fit import _chunks\n")
+    (pkg / "fit.py").write_text("def _chunks():\n    pass\n\n_chunks()\nprint(__name__)\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "import scalefit.fit\nfrom scalefit import fit as f\nfrom scalefit.fit import _chunks\n"
+        "scalefit.fit._chunks()\nf._chunks()\nf.__file__\n"
+        "def test(monkeypatch):\n    monkeypatch.setattr(f, '_chunks', None)\n"
+        "import importlib\nm = importlib.import_module('scalefit.fit')\nm._chunks()\n"
+    )
+    assert _private_names_used(tmp_path) == [
+        "scalefit:1 imports scalefit.fit._chunks",
+        "tests.test_x:3 imports scalefit.fit._chunks",
+        "tests.test_x:4 uses scalefit.fit._chunks",
+        "tests.test_x:5 uses scalefit.fit._chunks",
+        "tests.test_x:8 uses scalefit.fit._chunks",
+        "tests.test_x:11 uses scalefit.fit._chunks",
     ]
-    assert not private, private

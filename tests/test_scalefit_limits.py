@@ -19,8 +19,8 @@ import pytest
 from scalefit import FitError, fit_sigmoid, forecast, prediction
 from scalefit.cli import read_curves
 from scalefit.synthetic import TABLE1, realistic_runs, synthetic_curve
+from tests.conftest import remount, tmpfs
 from tests.scale_cases import run_measured, seeds_csv
-from tests.test_faults import _remount, tmpfs
 
 fc_mod = importlib.import_module("scalefit.forecast")  # the module; ``scalefit.forecast`` is the function
 TARGET = 1536 * 2**20  # any fit and forecast of up to 200k points under 1.5 GB of resident memory
@@ -151,7 +151,7 @@ def folder_that_takes_no_files(where: Path) -> Iterator[Path]:
             where.chmod(0o700)
         return
     with tmpfs(where, 64):
-        _remount(where, "ro")
+        remount(where, "ro")
         yield where
 
 

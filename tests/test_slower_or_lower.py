@@ -214,9 +214,9 @@ def test_a_variant_behind_is_never_framed_faster_or_higher():
         return Separation(-0.42, (-0.47, -0.32), True, 0.36, later, span, 0.0, (-0.01, 0.01), None, 0.02, 1e4)
 
     behind = Call("cannot tell yet", -0.116, -0.153, -0.009, "", reading(0.04))
-    assert prediction._withheld(behind, "straddles").reason == "straddles"
+    assert prediction.withhold(behind, "straddles").reason == "straddles"
     slower = Call("cannot tell yet", -0.116, -0.153, -0.009, "", reading(3.0))
-    assert prediction._withheld(slower, "straddles").text(0.02).startswith("slower or lower: cannot tell yet")
+    assert prediction.withhold(slower, "straddles").text(0.02).startswith("slower or lower: cannot tell yet")
 
 
 def test_draws_that_all_failed_give_no_reading_not_a_crash(campaign):

@@ -35,7 +35,7 @@ def test_a_campaign_counts_its_devices_without_torch_where_torch_has_no_gpu_buil
 def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(tmp_path):
     """Before, every poll slept a whole second first: each run's end, and the start of a run waiting
     for its slot, came up to a second late (a campaign ends a run and starts the next in one poll)."""
-    from runners.campaign.backends.local import Launch, LocalBackend, _start
+    from runners.campaign.backends.local import Launch, LocalBackend, spawn
     from runners.campaign.load import expand, load_campaign
 
     camp = load_campaign("loo-cpu")
@@ -44,13 +44,13 @@ def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(t
     spec = expand(camp)[0]
     (tmp_path / "ends").mkdir()
     (tmp_path / "runs").mkdir()
-    ends = _start(Launch(spec, [sys.executable, "-c", "pass"], {}, tmp_path / "ends"), None, 1)
+    ends = spawn(Launch(spec, [sys.executable, "-c", "pass"], {}, tmp_path / "ends"), None, 1)
     ends.proc.wait()
     backend.running = [ends]
     t0 = time.monotonic()
     (ended,) = backend.poll()
     assert time.monotonic() - t0 < 0.5 and ended.spec == spec
-    runs = _start(Launch(spec, [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "runs"), None, 1)
+    runs = spawn(Launch(spec, [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "runs"), None, 1)
     backend.running = [runs]
     try:
         t0 = time.monotonic()

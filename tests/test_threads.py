@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runners.campaign.backends.local import Launch, _start
+from runners.campaign.backends.local import Launch, spawn
 from runners.campaign.load import expand, load_campaign
 from runners.threads import cgroup_cpus, usable_cores
 
@@ -59,7 +59,7 @@ def test_a_campaign_run_gets_its_share_and_waits_passively(tmp_path):
     try:
         os.environ.clear()
         os.environ.update(env)
-        run = _start(Launch(spec, [sys.executable, "-c", code], {}, tmp_path), None, 1)
+        run = spawn(Launch(spec, [sys.executable, "-c", code], {}, tmp_path), None, 1)
         assert run.proc.wait(timeout=120) == 0
     finally:
         os.environ.clear()

@@ -111,8 +111,16 @@ def register(cls: type[Backend]) -> type[Backend]:
     return cls
 
 
-def registered() -> dict[str, type[Backend]]:
-    """Every backend by name: the built-in ones and each other module of this package."""
+def unregister(name: str) -> None:
+    """Take the backend ``name`` out of the registry (one registered for a while, as a test's)."""
+    _REGISTRY.pop(name, None)
+
+
+def registered(rescan: bool = False) -> dict[str, type[Backend]]:
+    """Every backend by name: the built-in ones and each other module of this package (looked for
+    once, or again with ``rescan``: a module added to its folders since)."""
+    if rescan:
+        _LOADED.clear()
     if not _LOADED:
         others = [m.name for m in pkgutil.iter_modules(__path__) if m.name not in BUILTIN]
         for module in (*BUILTIN, *others):

@@ -191,7 +191,7 @@ class LocalBackend(Backend):
         return len(self.running) < len(self.free)
 
     def submit(self, launch: Launch) -> None:
-        self.running.append(_start(launch, _free_slot(self.free, self.running), self.threads))
+        self.running.append(spawn(launch, _free_slot(self.free, self.running), self.threads))
 
     def placement(self, launch: Launch) -> str:
         device = next(r.device for r in self.running if r.launch is launch)
@@ -242,7 +242,9 @@ def _until_one_ends(procs: list[subprocess.Popen], seconds: float) -> None:
         time.sleep(0.05)
 
 
-def _start(launch: Launch, device: str | None, threads: int) -> _Running:
+def spawn(launch: Launch, device: str | None, threads: int) -> _Running:
+    """Start ``launch``'s process on GPU ``device`` (None: no GPU) with ``threads`` cores' share, its
+    output appended to the run's log."""
     env = {**os.environ, **launch.env, **child_env()}
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
