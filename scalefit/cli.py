@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +20,7 @@ from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
 from scalefit.grids import parse_grid
 from scalefit.model import CurveFit, CurveModel
 from scalefit.models import MODEL_NAMES, make_model
+from scalefit.outputs import check_writable, write_json
 
 Curves = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
 
@@ -188,33 +187,6 @@ def _forecast(f: CurveFit, args: argparse.Namespace) -> Forecast | None:
     )
 
 
-def check_writable(dest: str | os.PathLike | None, option: str) -> None:
-    """Refuse, before any work, an output path that cannot be written: an existing file must be
-    writable, else its nearest existing folder must take a new file (tried with a temporary file);
-    a folder is refused. Leaves nothing behind (folders are made only when the output is written)."""
-    if dest is None or str(dest) == "-":
-        return
-    path = Path(dest)
-    folder = path.parent
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    problem = None
-    if path.is_dir():
-        problem = "it is a folder"
-    elif not folder.is_dir():
-        problem = f"{folder} is a file, not a folder"
-    elif path.exists():
-        if not os.access(path, os.W_OK):
-            problem = "the file is read-only"
-    else:
-        try:
-            tempfile.TemporaryFile(dir=folder).close()
-        except OSError as e:
-            problem = f"{folder}: {e.strerror or e}"
-    if problem:
-        raise FitError(f"{option} {dest}: cannot write there ({problem}); nothing was fitted")
-
-
 def cmd_fit(args: argparse.Namespace) -> int:
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
@@ -253,7 +225,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         payload = next(iter(results.values()))
     else:
         payload = {"runs": results, **({"failed": failed} if failed else {})}
-    _write_json(payload, args.json)
+    write_json(payload, args.json)
     if args.plot and fits:
         from scalefit.plot import plot_fits
 
@@ -290,7 +262,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         cmp = compare_fits(base, f, margin=args.margin, names=(args.baseline, name), forecasts=pair)
         results[name] = cmp.to_dict()
         print(f"{name}: {cmp.verdict}", file=sys.stderr if args.json == "-" else sys.stdout)
-    _write_json({"baseline": args.baseline, "comparisons": results}, args.json)
+    write_json({"baseline": args.baseline, "comparisons": results}, args.json)
     return 0
 
 
@@ -318,18 +290,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("python -m scalefit " + " ".join(argv))
         code = max(code, main(argv))
     return code
-
-
-def _write_json(payload: dict[str, Any], dest: str | None) -> None:
-    if dest is None:
-        return
-    text = json.dumps(payload, indent=2, default=float)
-    if dest == "-":
-        print(text)
-    else:
-        Path(dest).parent.mkdir(parents=True, exist_ok=True)
-        Path(dest).write_text(text + "\n")
-        print(f"JSON written to {dest}", file=sys.stderr)
 
 
 def _add_fit_options(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,8 @@ numbers. ``backtest_sizes`` forecasts each size from the others the same way and
 from __future__ import annotations
 
 import dataclasses
+import functools
+import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -34,6 +36,7 @@ from scalefit.curve import sigmoid
 from scalefit.errors import FitError
 from scalefit.fit import fit_sigmoid
 from scalefit.grids import parse_grid
+from scalefit.outputs import check_writable, write_json
 
 A_GRID = "0.05:1.0:0.01"
 ALPHAS = np.geomspace(0.05, 3.0, 40)  # the saturating power law's exponents searched
@@ -699,8 +702,38 @@ def read_sizes(
     return size_data({k: (float(n.loc[k, "min"]), c, v, s) for k, (c, v, s) in curves.items()})
 
 
+def forecast_record(fc: SizeForecast) -> dict[str, Any]:
+    """The forecast as data, to commit before the size runs: its curve with the band, A with its
+    interval, the compute at which it passes the largest fitted size's A, the verdict and the laws."""
+    return {
+        "size": fc.name,
+        "parameters": fc.params,
+        "level": fc.level,
+        "A": fc.A,
+        "A_interval": list(fc.A_interval),
+        "passes": {"A": fc.pass_level, "compute": _finite(fc.pass_compute),
+                   "interval": [_finite(c) for c in fc.pass_interval], "share_of_draws": fc.pass_share},  # fmt: skip
+        "predictable": fc.predictable,
+        "reasons": fc.reasons,
+        "forms": fc.choice.forms,
+        "held_out_rmse": fc.choice.loso_rmse,
+        "fitted_sizes": {f.name: {"parameters": f.params, **f.theta} for f in fc.fits},
+        "curve": {"compute": fc.compute.tolist(), "median": fc.curve.tolist(), "lo": fc.lo.tolist(),
+                  "hi": fc.hi.tolist()},  # fmt: skip
+        "actual": fc.actual,
+    }
+
+
+def _finite(c: float) -> float | None:
+    """A compute as JSON: null where the curve never passes (inf)."""
+    return float(c) if np.isfinite(c) else None
+
+
 def cmd_sizes(args) -> int:
     """``python -m scalefit sizes CURVES.csv``: fit every size but the held-out one, forecast it, backtest."""
+    check_writable(args.json, "--json")
+    check_writable(args.plot, "--plot")
+    say = functools.partial(print, file=sys.stderr if args.json == "-" else sys.stdout)
     data = read_sizes(args.csv, args.x, args.y, args.size_col, args.params_col)
     target = args.holdout or list(data)[-1]
     if target not in data and args.params is None:
@@ -711,14 +744,15 @@ def cmd_sizes(args) -> int:
     fits = {k: fit_size(k, d, a_grid=args.a_grid) for k, d in data.items() if k != target}
     fc = forecast_size(data, target, params=args.params, r0=args.r0, n_seeds=args.seeds, fits=fits, **kw)
     seconds = time.perf_counter() - t0
-    print("\n".join(forecast_lines(fc)))
-    print(f"(across-size fits and forecast: {seconds:.2f} s)")
+    say("\n".join(forecast_lines(fc)))
+    say(f"(across-size fits and forecast: {seconds:.2f} s)")
     fitted = {k: d for k, d in data.items() if k != target}
     if len(fitted) > MIN_SIZES + 1:
-        print("\n".join(backtest_sizes(fitted, fits=fits, **kw).lines()))
+        say("\n".join(backtest_sizes(fitted, fits=fits, **kw).lines()))
     if args.plot:
         path = plot_sizes(data, fc, args.plot)
-        print(f"plot: {path}")
+        say(f"plot: {path}")
+    write_json(forecast_record(fc), args.json)
     return 0
 
 
@@ -748,4 +782,7 @@ def add_parser(sub) -> None:
                    "forecast stays within (default: 0.03)")  # fmt: skip
     p.add_argument("--a-grid", default=A_GRID, metavar="LO:HI:STEP", help=f"per-size A grid (default: {A_GRID})")
     p.add_argument("--plot", metavar="PATH.png", help="every size's points and fits, the forecast band, the actual")
+    p.add_argument("--json", metavar="PATH|-", help="the forecast as JSON (its curve and band, A and its "
+                   "interval, where it passes the largest fitted A, the verdict): commit it before the size "
+                   "runs")  # fmt: skip
     p.set_defaults(func=cmd_sizes)

@@ -3,6 +3,7 @@ within its band, a wrong form rejected by held-out error), its backtest, command
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -117,6 +118,26 @@ def test_the_command_forecasts_the_largest_backtests_and_plots(tmp_path, capsys)
     assert "forecast of e (N 25.800M): A 0.8" in out and "passes 0.7" in out
     assert "leave-one-size-out backtest: 4 size(s)" in out and (tmp_path / "sizes.png").stat().st_size > 10_000
     assert "* held-out RMSE" in out and "fit RSS" in out
+
+
+def test_the_forecast_is_written_as_data_to_commit_before_the_size_runs(tmp_path, capsys):
+    """results/scale-gpu committed large's forecast as printed text and a plot: its curve and band had no
+    numbers. ``--json`` writes them, A with its interval, where it passes, the verdict, as strict JSON."""
+    df = runs().query("size != 'e' or compute == 0")  # e's base model evaluated, no RL yet
+    df.rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"}).to_csv(tmp_path / "c.csv", index=False)
+    assert main(["sizes", str(tmp_path / "c.csv"), "--holdout", "e", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    record = json.loads(out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
+    assert "forecast of e" in err  # the summary goes to stderr when the JSON takes stdout
+    assert record["size"] == "e" and record["A_interval"][0] <= record["A"] <= record["A_interval"][1]
+    curve = record["curve"]
+    assert len(curve["compute"]) == len(curve["median"]) > 10
+    assert all(lo <= m <= hi for lo, m, hi in zip(curve["lo"], curve["median"], curve["hi"], strict=True))
+    assert set(record["passes"]) == {"A", "compute", "interval", "share_of_draws"} and record["actual"] is None
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert main(["sizes", str(tmp_path / "c.csv"), "--plot", str(blocked / "sizes.png")]) == 2
+    assert capsys.readouterr().err.startswith("error: --plot ")  # refused before any fit
 
 
 @pytest.mark.parametrize(

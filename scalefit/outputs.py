@@ -1,0 +1,52 @@
+"""Where scalefit's commands write: an output path checked before any work (``check_writable``) and
+results written as JSON to a file or stdout (``write_json``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from scalefit.errors import FitError
+
+
+def check_writable(dest: str | os.PathLike | None, option: str) -> None:
+    """Refuse, before any work, an output path that cannot be written: an existing file must be
+    writable, else its nearest existing folder must take a new file (tried with a temporary file);
+    a folder is refused. Leaves nothing behind (folders are made only when the output is written)."""
+    if dest is None or str(dest) == "-":
+        return
+    path = Path(dest)
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    problem = None
+    if path.is_dir():
+        problem = "it is a folder"
+    elif not folder.is_dir():
+        problem = f"{folder} is a file, not a folder"
+    elif path.exists():
+        if not os.access(path, os.W_OK):
+            problem = "the file is read-only"
+    else:
+        try:
+            tempfile.TemporaryFile(dir=folder).close()
+        except OSError as e:
+            problem = f"{folder}: {e.strerror or e}"
+    if problem:
+        raise FitError(f"{option} {dest}: cannot write there ({problem}); nothing was fitted")
+
+
+def write_json(payload: dict[str, Any], dest: str | None) -> None:
+    if dest is None:
+        return
+    text = json.dumps(payload, indent=2, default=float)
+    if dest == "-":
+        print(text)
+    else:
+        Path(dest).parent.mkdir(parents=True, exist_ok=True)
+        Path(dest).write_text(text + "\n")
+        print(f"JSON written to {dest}", file=sys.stderr)
