@@ -1,7 +1,8 @@
 """A scale campaign's across-size fit: its curves with each run's size and parameter count (the
 ``sizes.csv`` that ``python -m scalefit sizes`` reads), the forecast of its largest size (or
-``holdout``) from the others with the leave-one-size-out backtest (``sizes.md``) and the plot
-(``sizes.png``), written beside the per-size table that ``python -m analysis fit`` writes."""
+``holdout``) from the others with the leave-one-size-out backtest (``sizes.md``), as data
+(``sizes.json``) and the plot (``sizes.png``), written beside the per-size table that
+``python -m analysis fit`` writes."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ import pandas as pd
 
 from runners.task.sizes import SIZES, parameter_count
 from scalefit.errors import FitError
-from scalefit.sizes import MIN_SIZES, backtest_sizes, fit_size, forecast_lines, forecast_size, plot_sizes, size_data
+from scalefit.outputs import write_json
+from scalefit.sizes import (
+    MIN_SIZES,
+    backtest_sizes,
+    fit_size,
+    forecast_lines,
+    forecast_record,
+    forecast_size,
+    plot_sizes,
+    size_data,
+)
 
 SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.campaign.load.expand)
 
@@ -32,7 +43,8 @@ def write_sizes(
     curves: pd.DataFrame, out: Path, x: str, *, holdout: str | None = None, y: str = "val/mean_at_16"
 ) -> list[str]:
     """Write ``sizes.csv``, and where there are enough sizes the forecast of ``holdout`` (default: the
-    largest) with the backtest (``sizes.md``) and the plot (``sizes.png``); returns what to print."""
+    largest) with the backtest (``sizes.md``), as data (``sizes.json``) and the plot (``sizes.png``);
+    returns what to print."""
     out.mkdir(parents=True, exist_ok=True)
     table = scale_curves(curves)
     table.to_csv(out / "sizes.csv", index=False)
@@ -57,5 +69,6 @@ def write_sizes(
     if len(fitted) > MIN_SIZES + 1:
         report += backtest_sizes(fitted, fits=fits).lines()
     (out / "sizes.md").write_text("```\n" + "\n".join(report) + "\n```\n")
+    write_json(forecast_record(fc), str(out / "sizes.json"), quiet=True)
     plot_sizes(data, fc, out / "sizes.png")
-    return [*lines, *report, f"  written: {out / 'sizes.md'}, {out / 'sizes.png'}"]
+    return [*lines, *report, f"  written: {out / 'sizes.md'}, {out / 'sizes.json'}, {out / 'sizes.png'}"]

@@ -40,7 +40,8 @@ def check_writable(dest: str | os.PathLike | None, option: str) -> None:
         raise FitError(f"{option} {dest}: cannot write there ({problem}); nothing was fitted")
 
 
-def write_json(payload: dict[str, Any], dest: str | None) -> None:
+def write_json(payload: dict[str, Any], dest: str | None, *, quiet: bool = False) -> None:
+    """``payload`` as JSON to ``dest`` (``-``: stdout; None: nowhere), saying where on stderr unless ``quiet``."""
     if dest is None:
         return
     text = json.dumps(payload, indent=2, default=float)
@@ -49,4 +50,5 @@ def write_json(payload: dict[str, Any], dest: str | None) -> None:
     else:
         Path(dest).parent.mkdir(parents=True, exist_ok=True)
         Path(dest).write_text(text + "\n")
-        print(f"JSON written to {dest}", file=sys.stderr)
+        if not quiet:
+            print(f"JSON written to {dest}", file=sys.stderr)

@@ -188,3 +188,5 @@ def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_ot
     assert set(zip(sizes["size"], sizes["parameters"], strict=True)) == {(n, parameter_count(n)) for n in names}
     assert "forecast of large" in (tmp_path / "fit" / "sizes.md").read_text()
     assert (tmp_path / "fit" / "sizes.png").stat().st_size > 10_000
+    record = json.loads((tmp_path / "fit" / "sizes.json").read_text())  # the same forecast, as data
+    assert record["size"] == "large" and record["A_interval"][0] <= record["A"] <= record["A_interval"][1]
