@@ -24,6 +24,7 @@ from scalefit.sizes import (
     size_data,
 )
 
+FORECAST_FILES = ("sizes.md", "sizes.json", "sizes.png")
 SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.campaign.load.expand)
 
 
@@ -53,6 +54,8 @@ def write_sizes(
     )
     target = holdout or list(data)[-1]
     lines = [f"across sizes: {len(data)} size(s) in {out / 'sizes.csv'}"]
+    for name in FORECAST_FILES:  # an earlier fit's forecast is never left to pass for this one's
+        (out / name).unlink(missing_ok=True)
     if len(data) - (target in data) < MIN_SIZES + 1:
         lines.append(
             f"  no forecast: forecasting {target} needs {MIN_SIZES + 1} other sizes with fitted curves, this campaign"

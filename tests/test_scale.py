@@ -138,7 +138,10 @@ def test_a_tiny_scale_campaign_runs_end_to_end_and_mlflow_groups_its_runs_by_siz
     from analysis.loo import load_curves
     from analysis.sizes import write_sizes
 
+    (tmp_path / "fit").mkdir()
+    (tmp_path / "fit" / "sizes.json").write_text("{}")  # an earlier fit's forecast
     said = write_sizes(load_curves("scale", store), tmp_path / "fit", "compute/samples")
+    assert not (tmp_path / "fit" / "sizes.json").exists()  # not left to pass for this fit's
     table = pd.read_csv(tmp_path / "fit" / "sizes.csv")
     assert dict(zip(table["size"], table["parameters"], strict=False)) == {"pico": 27296, "tiny": 95552}
     assert "no forecast: forecasting tiny needs 3 other sizes with fitted curves, this campaign has 1" in said[1]

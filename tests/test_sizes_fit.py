@@ -89,6 +89,8 @@ def test_a_ceiling_that_stopped_rising_with_size_is_never_extrapolated_as_predic
     assert any(r.startswith("the ceiling stopped rising with size: d's A") for r in fc.reasons), fc.reasons
     rising = forecast_size(as_data(runs()), "e")
     assert not any("stopped rising" in r for r in rising.reasons), rising.reasons
+    flat = forecast_size(as_data(runs(A_of=lambda n: 0.7, cmid_of=lambda n: 4e4, r0_of=lambda n: 0.4)), "e")
+    assert flat.predictable and not any("stopped rising" in r for r in flat.reasons), flat.reasons  # level
 
 
 def test_a_size_without_runs_is_forecast_from_its_parameter_count_and_base_model():
@@ -137,7 +139,8 @@ def test_the_forecast_is_written_as_data_to_commit_before_the_size_runs(tmp_path
     blocked = tmp_path / "file"
     blocked.write_text("")
     assert main(["sizes", str(tmp_path / "c.csv"), "--plot", str(blocked / "sizes.png")]) == 2
-    assert capsys.readouterr().err.startswith("error: --plot ")  # refused before any fit
+    out, err = capsys.readouterr()
+    assert err.startswith("error: --plot ") and out == ""  # refused before any fit printed a line
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ once, not at its next one-second beat."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from runners.campaign.backends.local import devices, visible_ids
 found, loaded = devices(), "torch" in sys.modules
 import torch
 count = visible_ids(os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count()) or [None]
-print(found == count, loaded, torch.version.cuda is None and torch.version.hip is None)
+print(found == count, loaded, torch.version.cuda is None and torch.version.hip is None, torch.cuda.device_count())
 """
 
 
@@ -27,9 +28,15 @@ def test_a_campaign_counts_its_devices_without_torch_where_torch_has_no_gpu_buil
     """Before, ``devices()`` imported torch to learn that a CPU-only build sees no GPU."""
     res = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    same, loaded, cpu_build = res.stdout.split()
+    same, loaded, cpu_build, gpus = res.stdout.split()
     assert same == "True"  # what torch itself counts, on any machine
     assert loaded == str(cpu_build != "True")  # imported only where it could see a GPU
+    if int(gpus) > 1:  # a campaign started on the last GPU places its runs there, not on GPU 0
+        last = str(int(gpus) - 1)
+        probe = "from runners.campaign.backends.local import devices; print(devices())"
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": last}
+        res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert res.stdout.strip() == repr([last]), res.stdout + res.stderr[-2000:]
 
 
 def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(tmp_path):
