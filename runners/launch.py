@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runners.locks import parent_death_preexec, writer
+from runners.locks import writer
+from runners.parent_death import parent_death_preexec
 from runners.recipe import Recipe, RecipeError
 from runners.runfolder import RunFolderError, cache_problem, check_writable, claim, default_run_dir, finished
 

@@ -11,10 +11,8 @@ someone, so a stale one left by a killed holder is harmless (the next holder rew
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -22,13 +20,13 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from runners.parent_death import set_parent_death_signal
 from runners.recipe import Recipe
 from runners.runfolder import claim
 
 #: Set in the environment of a process a campaign starts: the starter's pid. The child, on
 #: Linux, asks the kernel to kill it when that parent dies (``die_with_parent``).
 PARENT_ENV = "PRL_DIE_WITH_PARENT"
-_PR_SET_PDEATHSIG = 1
 
 
 class Busy(RuntimeError):
@@ -80,24 +78,6 @@ def child_env() -> dict[str, str]:
     return {PARENT_ENV: str(os.getpid())}
 
 
-def _prctl():
-    return ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-
-
-def set_parent_death_signal() -> None:
-    """Linux: SIGKILL this process when the thread that started it dies (``prctl``); elsewhere nothing."""
-    prctl = _prctl()
-    if prctl is not None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-def parent_death_preexec():
-    """A ``preexec_fn`` with the effect of ``set_parent_death_signal`` in the child; libc is looked
-    up here, in the parent, not between fork and exec."""
-    prctl = _prctl()
-    return None if prctl is None else lambda: prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def die_with_parent() -> None:
     """In a process started with ``child_env()`` (a campaign's trainer) or by an ``accelerate``/
     ``torchrun`` launcher (a rank of a distributed run): die when the starter dies, so that a
@@ -106,7 +86,7 @@ def die_with_parent() -> None:
     starter = os.environ.pop(PARENT_ENV, None)
     if starter is None and "TORCHELASTIC_RUN_ID" not in os.environ:
         return  # started by a user: it may outlive its shell (nohup), as any command may
-    set_parent_death_signal()
+    set_parent_death_signal()  # SIGKILL
     if starter is not None and os.getppid() != int(starter):
         os._exit(1)  # the campaign is already gone
 

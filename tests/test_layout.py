@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # each part of runners, and the parts above it, which it must not import
 ABOVE = {
     "runners.setup": ("runners.",),  # run before anything is installed: the standard library only
+    "runners.parent_death": ("runners.",),  # the standard library only: servers and trainers share it
     "runners.task": ("runners.rl", "runners.campaign", "runners.tracking", "runners.launch", "runners.cli"),
     "runners.rl": ("runners.campaign", "runners.tracking", "runners.locks", "runners.launch", "runners.cli"),
     "runners.locks": ("runners.campaign", "runners.tracking", "runners.launch", "runners.cli"),

@@ -13,19 +13,18 @@ next start for the same store stops whatever a dead owner left.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterable
 
 import psutil
 
+from runners.parent_death import parent_death_preexec
+
 MARK = "PRL_SERVER"  # environment variable naming the server a process belongs to
-_PR_SET_PDEATHSIG = 1
 
 
 class ServerError(RuntimeError):
@@ -111,17 +110,6 @@ def check_port(port: int, host: str, what: str, flag: str = "--port") -> None:
         )
 
 
-def _die_with(parent: int):
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only makes system calls
-
-    def preexec() -> None:  # runs in the child between fork and exec
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
 def spawn(cmd: list[str], token: str, env: dict[str, str], out=None) -> subprocess.Popen:
     """Start a server in a session of its own, marked with ``token``; on Linux it gets SIGTERM
     when the thread that started it ends, with its process or alone (so start it from a thread
@@ -133,5 +121,5 @@ def spawn(cmd: list[str], token: str, env: dict[str, str], out=None) -> subproce
         stderr=subprocess.STDOUT if out is not None else None,
         start_new_session=True,
         env=env | {MARK: token},
-        preexec_fn=_die_with(os.getpid()) if sys.platform.startswith("linux") else None,
+        preexec_fn=parent_death_preexec(signal.SIGTERM, parent=os.getpid()),
     )

@@ -46,7 +46,7 @@ import psutil
 
 from runners.campaign.backends import Backend, Ended, Launch, note_placement, register, tail, with_gpus
 from runners.campaign.spec import BackendSettings, CampaignError, RunSpec, whole_numbers
-from runners.locks import parent_death_preexec
+from runners.parent_death import parent_death_preexec
 
 try:
     import submitit
