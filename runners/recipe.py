@@ -403,10 +403,15 @@ def _require(cond: bool, msg: str) -> None:
 
 
 def validate(r: Recipe) -> None:
-    """Cross-field checks; each message names the key, the value and the fix."""
-    m, a, ln, b = r.model, r.algorithm, r.length, r.batch
+    """Cross-field checks, section by section; each message names the key, the value and the fix."""
     name_issue = _run_name_problem(r.name)
     _require(name_issue is None, f"name = {r.name!r}: {name_issue} (it names the run's folder)")
+    for check in (_check_model, _check_data, _check_algorithm, _check_batch, _check_length, _check_schedule):
+        check(r)
+
+
+def _check_model(r: Recipe) -> None:
+    m = r.model
     _require(
         (m.size is None) != (m.path is None),
         f"model: set exactly one of model.size (embedded: {', '.join(SIZES)}) or model.path (a local checkpoint); "
@@ -422,6 +427,9 @@ def validate(r: Recipe) -> None:
         m.quantization == "none" or m.lora is not None,
         "model.quantization = 4bit: quantized weights cannot be trained; add model.lora (QLoRA trains adapters)",
     )
+
+
+def _check_data(r: Recipe) -> None:
     tp = r.data.train_prompts
     _require(
         tp is None or tp >= r.batch.prompts,
@@ -435,27 +443,35 @@ def validate(r: Recipe) -> None:
     for name, w in r.data.reward.items():
         _require(name in REWARD_NAMES, f"data.reward.{name}: unknown reward; choose from {', '.join(REWARD_NAMES)}")
         _require(w > 0, f"data.reward.{name} = {w}: weights must be > 0")
+    if "bertscore" in r.data.reward or r.data.bertscore is not None:
+        _check_bertscore(r)
+
+
+def _check_bertscore(r: Recipe) -> None:
     bs = r.data.bertscore
-    if "bertscore" in r.data.reward or bs is not None:
-        _require(
-            "bertscore" in r.data.reward,
-            "data.bertscore is set but data.reward has no bertscore: add it ({bertscore: 1.0}) or remove the section",
-        )
-        _require(
-            bs is not None and bool(bs.model),
-            "data.reward.bertscore needs a local encoder model: set data.bertscore.model to a Hugging Face model "
-            "folder (e.g. a saved roberta-large); this project cannot download one",
-        )
-        _require(
-            (Path(bs.model) / "config.json").is_file(),
-            f"data.bertscore.model = {bs.model!r}: not a local Hugging Face model folder (no config.json); "
-            "BERTScore cannot download a model here: save one to disk and point at it",
-        )
-        _require(-1 < bs.threshold < 1, f"data.bertscore.threshold = {bs.threshold}: must be in (-1, 1), e.g. 0.9")
-        _require(
-            bs.num_layers is None or bs.num_layers >= 1,
-            f"data.bertscore.num_layers = {bs.num_layers}: a layer number >= 1, or null for the last",
-        )
+    _require(
+        "bertscore" in r.data.reward,
+        "data.bertscore is set but data.reward has no bertscore: add it ({bertscore: 1.0}) or remove the section",
+    )
+    _require(
+        bs is not None and bool(bs.model),
+        "data.reward.bertscore needs a local encoder model: set data.bertscore.model to a Hugging Face model "
+        "folder (e.g. a saved roberta-large); this project cannot download one",
+    )
+    _require(
+        (Path(bs.model) / "config.json").is_file(),
+        f"data.bertscore.model = {bs.model!r}: not a local Hugging Face model folder (no config.json); "
+        "BERTScore cannot download a model here: save one to disk and point at it",
+    )
+    _require(-1 < bs.threshold < 1, f"data.bertscore.threshold = {bs.threshold}: must be in (-1, 1), e.g. 0.9")
+    _require(
+        bs.num_layers is None or bs.num_layers >= 1,
+        f"data.bertscore.num_layers = {bs.num_layers}: a layer number >= 1, or null for the last",
+    )
+
+
+def _check_algorithm(r: Recipe) -> None:
+    a = r.algorithm
     _require(a.loss in LOSSES, f"algorithm.loss = {a.loss!r} is not allowed; choose one of: {', '.join(LOSSES)}")
     for loss in LOSSES.values():  # every loss's clip, whichever loss runs
         clip = getattr(a, loss.epsilon_field)
@@ -469,6 +485,10 @@ def validate(r: Recipe) -> None:
         f"algorithm.pipeline_lag = {a.pipeline_lag}: must be in [0, off_policy_k = {a.off_policy_k}] "
         "(PipelineRL-k bounds staleness by k)",
     )
+
+
+def _check_batch(r: Recipe) -> None:
+    a, b = r.algorithm, r.batch
     _require(b.prompts >= 1, f"batch.prompts = {b.prompts}: must be >= 1")
     _require(
         b.generations >= 2,
@@ -488,6 +508,10 @@ def validate(r: Recipe) -> None:
         f"optimizer update ({r.rollouts} rollouts / {r.updates_per_generation} update(s)); "
         f"use a divisor such as {_divisor_hint(r.mini_batch, b.micro_batch)}",
     )
+
+
+def _check_length(r: Recipe) -> None:
+    ln = r.length
     if ln.control == "interruption":
         lo, hi = ln.think_budget
         _require(0 < lo <= hi, f"length.think_budget = {[lo, hi]}: need 0 < low <= high")
@@ -500,6 +524,9 @@ def validate(r: Recipe) -> None:
             0 < ln.penalty_cache < ln.max_tokens,
             f"length.penalty_cache = {ln.penalty_cache}: must be in (0, length.max_tokens = {ln.max_tokens})",
         )
+
+
+def _check_schedule(r: Recipe) -> None:
     o, t, e = r.optim, r.train, r.eval
     _require(o.lr > 0, f"optim.lr = {o.lr}: must be > 0")
     _require(t.steps >= 1, f"train.steps = {t.steps}: must be >= 1")

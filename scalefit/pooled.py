@@ -386,37 +386,9 @@ def fit_campaign(
     """
     if pooling not in POOLING:
         raise FitError(f"pooling must be one of {', '.join(POOLING)}; got {pooling!r}")
-    zero = _zero_compute_means(curves)
-    shared = (
-        share_r0
-        if share_r0 is not None
-        else (len(zero) == len(curves) and len(zero) > 1 and max(zero.values()) - min(zero.values()) <= R0_TOLERANCE)
-    )
-    if pooling == "none":
-        shared = False
-    r0 = None
-    if shared:
-        points = [np.asarray(y, float)[np.asarray(c, float) == 0] for v, (c, y, _) in curves.items() if v in zero]
-        r0 = float(np.mean(np.concatenate(points)))
-    fits: dict[str, SigmoidFit] = {}
-    failed: dict[str, str] = {}
-    for v, (c, y, runs) in curves.items():
-        upto = fit_upto.get(v) if isinstance(fit_upto, Mapping) else fit_upto
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                fits[v] = fit_sigmoid(
-                    c,
-                    y,
-                    runs=runs,
-                    r0=r0,
-                    exclude_below=exclude_below,
-                    fit_upto=upto,
-                    a_grid=a_grid,
-                    cmid_grid=cmid_grid,
-                )
-        except FitError as e:
-            failed[v] = str(e)
+    shared, r0 = _shared_r0(curves, pooling, share_r0)
+    grids = dict(exclude_below=exclude_below, a_grid=a_grid, cmid_grid=cmid_grid)
+    fits, failed = _fit_each(curves, r0, fit_upto, grids)
     settings = dict(
         pooling=pooling,
         share_r0=share_r0,
@@ -433,8 +405,64 @@ def fit_campaign(
             out.fits[v].warnings = list(f.warnings)
         return out
     grid = fine_grid(LOGB_GRID)
-    loglik, temps = {}, {}
     pool = deviation_pool(fits) if fits else None
+    loglik, temps = _likelihoods(out, fits, pool, grid)
+    members, notes = _members(out, fits, pool, loglik, grid)
+    for v, f in fits.items():
+        if v in members:
+            prior = Prior(out.mu, out.tau, temps[v])
+            sse, a, lcm = out.profiles[v]
+            post = -sse / (2 * prior.temperature) - 0.5 * ((LOGB_GRID - out.mu) / out.tau) ** 2
+            i = int(np.argmax(post))
+            out.fits[v] = _polish_penalized(f, prior, a[i], LOGB_GRID[i], lcm[i])
+            out.loglik[v] = loglik[v]
+        else:
+            out.fits[v] = _with_params(f, f.A, f.B, f.C_mid, None, notes.get(v, ""))
+            out.fits[v].warnings = list(f.warnings)
+    return out
+
+
+def _shared_r0(curves: Mapping[str, tuple], pooling: str, share_r0: bool | None) -> tuple[bool, float | None]:
+    """Whether the variants share one R0 (``share_r0``, or decided from the zero-compute evaluations)
+    and its value, the mean of those evaluations."""
+    zero = _zero_compute_means(curves)
+    shared = (
+        share_r0
+        if share_r0 is not None
+        else (len(zero) == len(curves) and len(zero) > 1 and max(zero.values()) - min(zero.values()) <= R0_TOLERANCE)
+    )
+    if pooling == "none":
+        shared = False
+    if not shared:
+        return shared, None
+    points = [np.asarray(y, float)[np.asarray(c, float) == 0] for v, (c, y, _) in curves.items() if v in zero]
+    return shared, float(np.mean(np.concatenate(points)))
+
+
+def _fit_each(
+    curves: Mapping[str, tuple], r0: float | None, fit_upto: float | Mapping[str, float] | None, grids: dict
+) -> tuple[dict[str, SigmoidFit], dict[str, str]]:
+    """Each variant's own fit (``grids``: ``fit_sigmoid``'s exclude_below, a_grid and cmid_grid),
+    and the reason of each that could not be fitted."""
+    fits: dict[str, SigmoidFit] = {}
+    failed: dict[str, str] = {}
+    for v, (c, y, runs) in curves.items():
+        upto = fit_upto.get(v) if isinstance(fit_upto, Mapping) else fit_upto
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fits[v] = fit_sigmoid(c, y, runs=runs, r0=r0, fit_upto=upto, **grids)
+        except FitError as e:
+            failed[v] = str(e)
+    return fits, failed
+
+
+def _likelihoods(
+    out: CampaignFit, fits: dict[str, SigmoidFit], pool, grid: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Each variant's log-likelihood of log B on ``grid`` and its temperature, matched to the seed
+    bootstrap; its B profile in ``out.profiles``."""
+    loglik, temps = {}, {}
     rng = np.random.default_rng(0)
     for v, f in fits.items():
         log_c, y = _fit_points(f)
@@ -448,6 +476,15 @@ def fit_campaign(
         ratio = float(np.clip(ratio, 1.0 / TEMPERATURE_RANGE, TEMPERATURE_RANGE))
         temps[v] *= ratio
         loglik[v] = loglik[v] / ratio
+    return loglik, temps
+
+
+def _members(
+    out: CampaignFit, fits: dict[str, SigmoidFit], pool, loglik: dict[str, np.ndarray], grid: np.ndarray
+) -> tuple[list[str], dict[str, str]]:
+    """The variants that pool their B (none where fewer than two are left), with the campaign's
+    hyperparameters in ``out``, and why each other one is fitted alone: a collapsing curve, or a B
+    unlike the campaign's (removed one at a time, the worst first)."""
     notes: dict[str, str] = {}
     for v, f in fits.items():  # a curve that rises then falls has no sigmoid's B to lend or borrow
         why = collapse_reason(f, pool, len(np.unique(f.run_inputs)))
@@ -473,15 +510,4 @@ def fit_campaign(
         mu = tau = tau_logpost = None
         members = []
     out.mu, out.tau, out.tau_logpost = mu, tau, tau_logpost
-    for v, f in fits.items():
-        if v in members:
-            prior = Prior(mu, tau, temps[v])
-            sse, a, lcm = out.profiles[v]
-            post = -sse / (2 * prior.temperature) - 0.5 * ((LOGB_GRID - mu) / tau) ** 2
-            i = int(np.argmax(post))
-            out.fits[v] = _polish_penalized(f, prior, a[i], LOGB_GRID[i], lcm[i])
-            out.loglik[v] = loglik[v]
-        else:
-            out.fits[v] = _with_params(f, f.A, f.B, f.C_mid, None, notes.get(v, ""))
-            out.fits[v].warnings = list(f.warnings)
-    return out
+    return members, notes

@@ -390,12 +390,34 @@ def train(
         check_fits(recipe, total / 2**30, free / 2**30, log=log, layout=layout)
     check_quantization(recipe)
     set_seed(recipe.train.seed)
+    trainer, progress = _trainer(recipe, run_dir, sinks or [], log, extra_args or {}, callbacks or [])
+    last = _resume_point(trainer, progress, run_dir, log)
+    _train_rest(trainer, last, layout, run_dir, log)
+    final = {"val/best_mean_at_16": progress.best, **progress.compute()}
+    if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
+        return {**final, "stopped_at_step": progress.stopped_at}
+    if trainer.accelerator.is_main_process:
+        tmp = run_dir / f"{DONE_FILE}.tmp"
+        tmp.write_text(json.dumps(final, indent=2) + "\n")
+        tmp.replace(run_dir / DONE_FILE)  # whole or absent: a finished run is never mistaken for another state
+    return final
+
+
+def _trainer(
+    recipe: Recipe,
+    run_dir: Path,
+    sinks: list[MetricsSink],
+    log,
+    extra_args: dict[str, Any],
+    callbacks: list[TrainerCallback],
+) -> tuple[ScaleRLTrainer, Progress]:
+    """The run's model, data and trainer (checkpoints in ``run_dir/checkpoints``), with the
+    ``Progress`` callback that evaluates and records it."""
     model, tokenizer = prepare_model(recipe, log=log)
     train_rows, val_rows = load_rows(recipe.data, tokenizer, eval_prompts=recipe.eval.prompts, seed=recipe.train.seed)
-    ckpt_dir = run_dir / "checkpoints"
     funcs, weights = reward_setup(recipe)
     args = GRPOConfig(
-        output_dir=str(ckpt_dir),
+        output_dir=str(run_dir / "checkpoints"),
         **trl_args(recipe, world_size=int(os.environ.get("WORLD_SIZE", "1"))),
         logging_steps=1,
         save_strategy="steps",
@@ -406,17 +428,17 @@ def train(
         disable_tqdm=True,
         dataloader_num_workers=0,
         reward_weights=weights,
-        **(extra_args or {}),
+        **extra_args,
     )
     use_one_gpu(args)  # one process, several visible GPUs: use one (spread a run with --gpus N instead)
-    progress = Progress(recipe, val_rows, run_dir, sinks or [], log, score=funcs[0])
+    progress = Progress(recipe, val_rows, run_dir, sinks, log, score=funcs[0])
     trainer = ScaleRLTrainer(
         model=model,
         args=args,
         reward_funcs=funcs,
         train_dataset=Dataset.from_list(train_rows),
         processing_class=tokenizer,
-        callbacks=[progress, *(callbacks or [])],
+        callbacks=[progress, *callbacks],
         recipe=recipe,
         peft_config=peft_config(recipe),
     )
@@ -426,6 +448,13 @@ def train(
     if recipe.model.lora is not None:
         trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         log(f"[{recipe.name}] LoRA: {trainable:,} trainable adapter parameters of {progress.n_params:,}")
+    return trainer, progress
+
+
+def _resume_point(trainer: ScaleRLTrainer, progress: Progress, run_dir: Path, log) -> Path | None:
+    """The last complete checkpoint, its state loaded into ``trainer`` and ``progress``; None to start
+    at step 0, refused (``ResumeError``) where metrics past step 0 have no checkpoint to resume from."""
+    recipe, ckpt_dir = trainer.recipe, run_dir / "checkpoints"
     last, skipped = last_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else (None, [])
     for why in skipped:
         log(f"[{recipe.name}] skipping {why}")
@@ -440,8 +469,15 @@ def train(
             f"from{' (' + '; '.join(skipped) + ')' if skipped else ''}; restarting from step 0 would splice a new "
             "run into its history"
         )
+    return last
+
+
+def _train_rest(trainer: ScaleRLTrainer, last: Path | None, layout: Layout, run_dir: Path, log) -> None:
+    """Train from ``last`` (None: from the start) to the budget; running out of device memory or
+    disk is one ``RecipeError`` or disk-full error saying what a re-run does."""
+    recipe, ckpt_dir = trainer.recipe, run_dir / "checkpoints"
     try:
-        if last is not None and int(last.name.split("-")[-1]) >= args.max_steps:
+        if last is not None and int(last.name.split("-")[-1]) >= trainer.args.max_steps:
             # killed after its last checkpoint, before done.json: resuming would train a step past the budget
             log(f"[{recipe.name}] {last.name} is the run's last step: nothing left to train")
         else:
@@ -456,11 +492,3 @@ def train(
         if full is None:
             raise
         raise full from e
-    final = {"val/best_mean_at_16": progress.best, **progress.compute()}
-    if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
-        return {**final, "stopped_at_step": progress.stopped_at}
-    if trainer.accelerator.is_main_process:
-        tmp = run_dir / f"{DONE_FILE}.tmp"
-        tmp.write_text(json.dumps(final, indent=2) + "\n")
-        tmp.replace(run_dir / DONE_FILE)  # whole or absent: a finished run is never mistaken for another state
-    return final

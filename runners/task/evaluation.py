@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,7 +57,9 @@ def evaluate(
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rng_state = torch.random.get_rng_state()
     torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-    correct_frac, any_correct, well_formed, n_tokens, shown = [], [], 0, 0, []
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens)
+    sampling |= dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    tally = _Tally()
     t0 = time.perf_counter()
     padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
@@ -66,42 +69,61 @@ def evaluate(
                 break
             prompts_text = [_prompt_text(tokenizer, r["prompt"]) for r in chunk or all_rows[:1]]
             enc = tokenizer(prompts_text, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-            out = model.generate(
-                **enc,
-                do_sample=True,
-                temperature=temperature,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=max_new_tokens,
-                num_return_sequences=samples if chunk else 1,
-                pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-                cache_implementation=cache_implementation,
-            )
+            n = samples if chunk else 1
+            out = model.generate(**enc, **sampling, num_return_sequences=n, cache_implementation=cache_implementation)
             if not chunk:  # this process is out of prompts; its peers' gathers needed it in the call
                 continue
-            completion_ids = out[:, enc["input_ids"].shape[1] :]
-            n_tokens += int((completion_ids != tokenizer.pad_token_id).sum())
-            texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-            answers = [r["answer"] for r in chunk for _ in range(samples)]
-            scores = torch.tensor(score([None] * len(texts), texts, answer=answers)).view(len(chunk), samples) > 0
-            correct_frac += scores.float().mean(1).tolist()
-            any_correct += scores.any(1).float().tolist()
-            well_formed += sum(is_well_formed(t) for t in texts)
-            if len(shown) < n_show:
-                shown += [
-                    {"prompt": texts_in, "answer": r["answer"], "completion": texts[i * samples]}
-                    for i, (texts_in, r) in enumerate(zip(prompts_text, chunk, strict=True))
-                ][: n_show - len(shown)]
+            texts = tally.count(tokenizer, out[:, enc["input_ids"].shape[1] :], chunk, samples, score)
+            tally.show(prompts_text, chunk, texts[::samples], n_show)
     finally:
         tokenizer.padding_side = padding_side
         torch.random.set_rng_state(rng_state)
         model.train(was_training)
-    sums = [sum(correct_frac), sum(any_correct), float(well_formed), float(n_tokens), float(len(rows))]
+    sums = tally.sums(len(rows))
     if world > 1:
         sums = accelerator.reduce(torch.tensor(sums, device=accelerator.device), reduction="sum").tolist()
+    assert int(sums[-1]) == total_rows, f"evaluated {sums[-1]} of {total_rows} prompts"
+    return _rates(sums, samples, time.perf_counter() - t0, tally.shown)
+
+
+@dataclass
+class _Tally:
+    """One process's counts over the prompts it evaluated."""
+
+    correct_frac: list[float] = field(default_factory=list)  # a prompt's fraction of correct samples
+    any_correct: list[float] = field(default_factory=list)  # 1.0 where a prompt has a correct sample
+    well_formed: int = 0
+    n_tokens: int = 0
+    shown: list[dict] = field(default_factory=list)
+
+    def count(self, tokenizer, completion_ids: torch.Tensor, chunk: Sequence[dict], samples: int, score) -> list[str]:
+        """Score the ``samples`` completions of each prompt in ``chunk``; their texts."""
+        self.n_tokens += int((completion_ids != tokenizer.pad_token_id).sum())
+        texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        answers = [r["answer"] for r in chunk for _ in range(samples)]
+        scores = torch.tensor(score([None] * len(texts), texts, answer=answers)).view(len(chunk), samples) > 0
+        self.correct_frac += scores.float().mean(1).tolist()
+        self.any_correct += scores.any(1).float().tolist()
+        self.well_formed += sum(is_well_formed(t) for t in texts)
+        return texts
+
+    def show(self, prompts_text: list[str], chunk: Sequence[dict], firsts: list[str], n_show: int) -> None:
+        """Keep each prompt's first completion (``firsts``) until ``n_show`` are kept."""
+        if len(self.shown) < n_show:
+            self.shown += [
+                {"prompt": texts_in, "answer": r["answer"], "completion": first}
+                for texts_in, r, first in zip(prompts_text, chunk, firsts, strict=True)
+            ][: n_show - len(self.shown)]
+
+    def sums(self, n_rows: int) -> list[float]:
+        """What the processes add up: correct fractions, prompts passed, well formed, tokens, prompts."""
+        counts = [float(self.well_formed), float(self.n_tokens), float(n_rows)]
+        return [sum(self.correct_frac), sum(self.any_correct), *counts]
+
+
+def _rates(sums: list[float], samples: int, seconds: float, shown: list[dict]) -> dict[str, Any]:
+    """The evaluation's result from the summed counts of every process."""
     correct, passed, formed, tokens, n_rows = sums
-    assert int(n_rows) == total_rows, f"evaluated {n_rows} of {total_rows} prompts"
     n = n_rows * samples
     return {
         "mean_at_k": correct / n_rows,
@@ -110,7 +132,7 @@ def evaluate(
         "completion_tokens": tokens,
         "sequences": n,
         "prompts": int(n_rows),
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds,
         "samples": shown,
     }
 
