@@ -4,6 +4,7 @@ extrapolation check of the fit to half the compute (``extrapolation_check``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ def fit_table(
     model = campaign_model(curves, settings, n_boot)
     flags = steady_points(curves)[1]
     rows = [variant_row(v, g, model, settings, flags) for v, g in curves.groupby("variant", sort=False)]
-    table = pd.DataFrame(_note_dropped(rows, dropped))
+    table = frame(_note_dropped(rows, dropped))
     if "baseline" in model.fits:
         table = _against_baseline(table, model, settings.margin)
     if half is None:  # never more resamples than the fit to all of it
@@ -58,39 +59,117 @@ def fit_table(
     return table, {"fits": model.fits, "forecasts": model.forecasts, "model": model, "half": half, "table": table}
 
 
-def variant_row(
-    variant: str, g: pd.DataFrame, model: Model, settings: FitSettings, flags: list[Flag]
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FitCells:
+    """A fitted variant's cells: its model's parameters, A's interval, its verdict and the per-seed
+    spread of A (None: not computed)."""
+
+    model: str
+    params: dict[str, float]  # the model's own: A, B, C_mid (sigmoid); A, D, B (power law)
+    a_interval: tuple[float, float] | None  # (A_lo, A_hi), for a model with an asymptote
+    R0: float
+    sse: float
+    a_at_edge: bool
+    b_at_bound: bool
+    pooled: str
+    predictable: bool
+    predictability: str
+    expected_error: float
+    a_seed_half_range: float | None = None
+
+
+@dataclass(frozen=True)
+class VariantRow:
+    """A variant's row of the table; a cell that is None is absent (a variant with no point left has
+    only its name, counts and note)."""
+
+    variant: str
+    seeds: int
+    points: int
+    note: str
+    axis: str | None = None
+    final_mean_at_16: float | None = None
+    final_last_mean_at_16: float | None = None  # over the last ``last_k`` evaluations of each seed
+    last_k: int = 0
+    unfinished: int | None = None
+    fit_model: str | None = None
+    unstable_runs: int | None = None
+    unstable: str | None = None
+    stopped: str | None = None
+    fit: FitCells | None = None
+    dropped: str | None = None
+
+    def cells(self) -> dict[str, Any]:
+        """The row as the table's columns, in the table's order."""
+        out = {
+            "variant": self.variant,
+            "axis": self.axis,
+            "seeds": self.seeds,
+            "points": self.points,
+            "final_mean_at_16": self.final_mean_at_16,
+            f"final_last{self.last_k}_mean_at_16": self.final_last_mean_at_16,
+            "unfinished": self.unfinished,
+            "fit_model": self.fit_model,
+            "unstable_runs": self.unstable_runs,
+            "unstable": self.unstable,
+            "stopped": self.stopped,
+        }
+        out = {k: v for k, v in out.items() if v is not None}
+        f = self.fit
+        if f is not None:
+            out["model"] = f.model
+            out.update(f.params)
+            if f.a_interval is not None:
+                out["A_lo"], out["A_hi"] = f.a_interval
+            out.update(R0=f.R0, sse=f.sse, a_at_edge=f.a_at_edge, b_at_bound=f.b_at_bound, pooled=f.pooled)
+            out.update(predictable=f.predictable, predictability=f.predictability, expected_error=f.expected_error)
+        out["note"] = self.note
+        if f is not None and f.a_seed_half_range is not None:
+            out["A_seed_half_range"] = f.a_seed_half_range
+        if self.dropped is not None:
+            out["dropped"] = self.dropped
+        return out
+
+
+def frame(rows: list[VariantRow]) -> pd.DataFrame:
+    """The rows as the table's DataFrame: a column for each cell some row has, in order of appearance."""
+    return pd.DataFrame([row.cells() for row in rows])
+
+
+def variant_row(variant: str, g: pd.DataFrame, model: Model, settings: FitSettings, flags: list[Flag]) -> VariantRow:
     """A variant's row of the table: its runs (``g``: its curves) and, where it has one, its fit."""
     x, y, k = settings.x, MEAN_AT_16, settings.last_k
-    row: dict[str, Any] = {
-        "variant": variant,
-        "axis": g["axis"].iloc[0] or "—",
-        "seeds": g["seed"].nunique(),
-        "points": len(g),
-        "final_mean_at_16": g.sort_values(x).groupby("seed")[y].last().mean(),
-        f"final_last{k}_mean_at_16": g.sort_values(x).groupby("seed").tail(k)[y].mean(),
-        "unfinished": unfinished(g),
-        "fit_model": model.description,
-    }
     mine = [f.text() for f in flags if f.variant == variant]
-    if mine:  # collapses: reported, left out of the fit and the seed noise, kept in the curves
-        row.update(unstable_runs=len(mine), unstable=f"{arm_counts(g, flags)[variant]}: {'; '.join(mine)}")
     stops = sorted(set(g["stopped"].fillna(""))) if "stopped" in g else []
-    if any(stops):  # an adaptive campaign stopped it: its final value is the decision's prediction
-        row["stopped"] = "stopped early " + "; ".join(x for x in stops if x)
+    row = VariantRow(
+        variant=variant,
+        axis=g["axis"].iloc[0] or "—",
+        seeds=g["seed"].nunique(),
+        points=len(g),
+        final_mean_at_16=g.sort_values(x).groupby("seed")[y].last().mean(),
+        final_last_mean_at_16=g.sort_values(x).groupby("seed").tail(k)[y].mean(),
+        last_k=k,
+        unfinished=unfinished(g),
+        fit_model=model.description,
+        # collapses: reported, left out of the fit and the seed noise, kept in the curves
+        unstable_runs=len(mine) if mine else None,
+        unstable=f"{arm_counts(g, flags)[variant]}: {'; '.join(mine)}" if mine else None,
+        # an adaptive campaign stopped it: its final value is the decision's prediction
+        stopped="stopped early " + "; ".join(s for s in stops if s) if any(stops) else None,
+        note=model.failed.get(variant, "no fit"),
+    )
     if variant not in model.fits:
-        return {**row, "note": model.failed.get(variant, "no fit")}
-    return _fit_cells(row, g, model.fits[variant], model.forecasts[variant], settings)
+        return row
+    fit, note = _fit_cells(g, model.fits[variant], model.forecasts[variant], settings)
+    return replace(row, fit=fit, note=note)
 
 
-def _fit_cells(row: dict[str, Any], g: pd.DataFrame, f: Any, fc: Forecast, settings: FitSettings) -> dict[str, Any]:
-    """``row`` with a fitted variant's parameters, intervals, verdict and per-seed spread of A."""
-    row["model"] = f.name
-    row.update(f.params)  # the model's own parameters: A, B, C_mid (sigmoid); A, D, B (power law)
-    if f.has_asymptote:
-        row["A_lo"], row["A_hi"] = fc.interval("A")
-    row.update(
+def _fit_cells(g: pd.DataFrame, f: Any, fc: Forecast, settings: FitSettings) -> tuple[FitCells, str]:
+    """A fitted variant's cells (parameters, intervals, verdict, per-seed spread of A) and its note."""
+    cells = FitCells(
+        model=f.name,
+        params=dict(f.params),
+        a_interval=fc.interval("A") if f.has_asymptote else None,
         R0=getattr(f, "R0", np.nan),
         sse=f.sse,
         a_at_edge=getattr(f, "a_at_edge", False),
@@ -99,16 +178,16 @@ def _fit_cells(row: dict[str, Any], g: pd.DataFrame, f: Any, fc: Forecast, setti
         predictable=fc.verdict.predictable,
         predictability=fc.verdict.text(),
         expected_error=fc.expected_error,
-        note="; ".join(filter(None, [*f.warnings, getattr(f, "pool_note", "")])),
     )
+    note = "; ".join(filter(None, [*f.warnings, getattr(f, "pool_note", "")]))
     if g["seed"].nunique() > 1 and f.name == "sigmoid":  # the paper's run-to-run spread of A
         try:
             per_seed = {s: (gs[settings.x], gs[MEAN_AT_16]) for s, gs in g.groupby("seed")}
             spread = seed_spread(per_seed, exclude_below=settings.exclude_below, a_grid=settings.a_values).to_dict()
-            row["A_seed_half_range"] = spread["A_half_range"]
+            cells = replace(cells, a_seed_half_range=spread["A_half_range"])
         except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
-            row["note"] = "; ".join(filter(None, [row["note"], f"no per-seed A spread: {e}"]))
-    return row
+            note = "; ".join(filter(None, [note, f"no per-seed A spread: {e}"]))
+    return cells, note
 
 
 def _against_baseline(table: pd.DataFrame, model: Model, margin: float) -> pd.DataFrame:
@@ -259,18 +338,20 @@ def measured_at_budget(
     return pd.DataFrame(list(cols.values()))
 
 
-def _note_dropped(rows: list[dict[str, Any]], dropped: pd.DataFrame) -> list[dict[str, Any]]:
+def _note_dropped(rows: list[VariantRow], dropped: pd.DataFrame) -> list[VariantRow]:
     """The table's rows with each variant's bad points (``bad_points``): every one in its note, the
     first three in ``dropped`` (the Markdown table's); a variant with no point left gets a row."""
     whys = {v: list(w) for v, w in dropped.groupby("variant")["why"]}
+    out = []
     for row in rows:
-        if row["variant"] in whys:
-            w = whys.pop(row["variant"])
+        if row.variant in whys:
+            w = whys.pop(row.variant)
             said = f"{len(w)} bad point(s) left out: {'; '.join(w)}"
             brief = f"{len(w)} bad point(s) left out: {'; '.join(w[:3])}" + ("; …" if len(w) > 3 else "")
-            row.update(dropped=brief, note="; ".join(filter(None, [row.get("note", ""), said])))
-    left = [{"variant": v, "seeds": 0, "points": 0, "note": "no fit: every point is bad"} for v in whys]
-    return rows + _note_dropped(left, dropped[dropped["variant"].isin(whys)]) if left else rows
+            row = replace(row, dropped=brief, note="; ".join(filter(None, [row.note, said])))
+        out.append(row)
+    left = [VariantRow(variant=v, seeds=0, points=0, note="no fit: every point is bad") for v in whys]
+    return out + _note_dropped(left, dropped[dropped["variant"].isin(whys)]) if left else out
 
 
 def _flag_identical_curves(curves: pd.DataFrame, table: pd.DataFrame, x: str) -> pd.DataFrame:

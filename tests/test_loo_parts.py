@@ -46,7 +46,7 @@ def test_table_alone_makes_a_row_for_a_variant_without_a_fit():
     df = curves({"lr=nan": (2542, 1.92, 0.61)})
     model = Model({}, {}, {"lr=nan": "no fit: flat"}, "pooling none: each variant fitted on its own")
     row = variant_row("lr=nan", df, model, fit_settings({"x": X}), [])
-    assert row["note"] == "no fit: flat" and row["seeds"] == 2 and row["fit_model"].startswith("pooling none")
+    assert row.note == "no fit: flat" and row.seeds == 2 and row.fit_model.startswith("pooling none")
 
 
 def test_fit_alone_fits_every_variant_with_the_settings_it_is_given():
