@@ -386,79 +386,25 @@ class SigmoidModel(CurveModel):
     def fit(self, compute, values, runs=None) -> SigmoidModel:
         """Fit one curve (or several runs' points concatenated; ``runs``: the run of each point,
         which the uncertainty methods treat as one correlated series each). Returns the model."""
-        r0, exclude_below, fit_upto = self.r0, self.exclude_below, self.fit_upto
-        a_grid, cmid_grid, polish_optimum = self.a_grid, self.cmid_grid, self.polish_optimum
         c_all, v_all = check_curve(compute, values)
         if len(c_all) == 0:
             raise FitError("no points to fit")
         runs_all = np.zeros(len(c_all), dtype=int) if runs is None else run_labels(runs, len(c_all))
-        if r0 is None:
-            r0 = float(np.mean(v_all[c_all == c_all.min()]))
-        elif not 0.0 <= r0 <= 1.0:
-            raise FitError(f"r0 must lie in [0, 1], got {r0}")
-        keep = c_all > 0
-        if exclude_below is not None:
-            keep &= c_all >= exclude_below
-        held = keep & (c_all > fit_upto) if fit_upto is not None else np.zeros_like(keep)
-        use = keep & ~held
+        r0 = _start_level(self.r0, c_all, v_all)
+        use, held = _fit_window(c_all, self.exclude_below, self.fit_upto)
         c, v = c_all[use], v_all[use]
-        if len(c) < MIN_POINTS:
-            raise FitError(
-                f"only {len(c)} point(s) with compute > 0"
-                + (f", >= {exclude_below:g} (--exclude-below)" if exclude_below is not None else "")
-                + (f", <= {fit_upto:g} (--fit-upto)" if fit_upto is not None else "")
-                + f"; need at least {MIN_POINTS}"
-            )
-        if c.max() <= c.min() * (1.0 + 1e-9):
-            raise FitError(
-                f"every fitted point has the same compute ({c.min():g}): there is no compute range to fit a curve to; "
-                "check the compute column"
-            )
-        order = np.argsort(c)
-        tail = v[order][-max(2, len(c) // 4) :]
-        gain = float(tail.mean() - r0)
-        if gain < MIN_GAIN:
-            raise FitError(
-                f"no sigmoid gain is identifiable: the curve ends at {tail.mean():.3f} on average, "
-                f"R0 = {r0:.3f} (gain {gain:+.3f} < {MIN_GAIN}); the curve is flat or decreasing"
-            )
-
-        a_grid = PAPER_A_GRID if a_grid is None else np.atleast_1d(np.asarray(a_grid, float))
-        if isinstance(cmid_grid, str) and cmid_grid == "paper":
-            cmid_grid = PAPER_CMID_GRID
-        elif cmid_grid is None or (isinstance(cmid_grid, str) and cmid_grid == "auto"):
-            cmid_grid = auto_cmid_grid(float(c.max()))
-        else:
-            cmid_grid = np.atleast_1d(np.asarray(cmid_grid, float))
-        if (cmid_grid <= 0).any():
-            raise FitError("every C_mid grid value must be > 0")
-
-        b_cells, sse_cells = fit_b_grid(np.log(c), v, r0, a_grid, cmid_grid)
-        ia, ic = np.unravel_index(int(np.argmin(sse_cells)), sse_cells.shape)
-        grid_A, grid_C_mid = float(a_grid[ia]), float(cmid_grid[ic])
-        B, sse = _refine_b(c, v, grid_A, grid_C_mid, r0, float(b_cells[ia, ic]), float(sse_cells[ia, ic]))
-        A, C_mid = grid_A, grid_C_mid
-        if polish_optimum:
-            pA, pB, pC, p_sse = polish(
-                c, v, r0, A, B, C_mid, (a_grid.min(), a_grid.max()), (cmid_grid.min(), cmid_grid.max())
-            )
-            if p_sse <= sse:
-                A, B, C_mid, sse = pA, pB, pC, p_sse
-
-        notes = edge_warnings(a_grid, cmid_grid, ia, ic)
-        if b_on_bound(B):
-            notes.append(
-                f"B = {B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is {_bound_shape(B)}, not a"
-                " sigmoid; its shape is not identified by these points (more evaluations across the rise)"
-            )
+        _check_fit_points(c, v, r0, self.exclude_below, self.fit_upto)
+        a_grid, cmid_grid = _search_grids(self.a_grid, self.cmid_grid, c)
+        best = _best_on_grid(c, v, r0, a_grid, cmid_grid, self.polish_optimum)
+        notes = _fit_notes(a_grid, cmid_grid, best)
         for note in notes:
             warnings.warn(note, stacklevel=2)
         self.result_ = SigmoidFit(
-            A=A,
-            B=B,
-            C_mid=C_mid,
+            A=best.A,
+            B=best.B,
+            C_mid=best.C_mid,
             R0=float(r0),
-            sse=sse,
+            sse=best.sse,
             compute=c,
             value=v,
             heldout_compute=c_all[held],
@@ -467,13 +413,116 @@ class SigmoidModel(CurveModel):
             cmid_grid=cmid_grid,
             warnings=notes,
             inputs=(c_all, v_all),
-            grid_A=grid_A,
-            grid_C_mid=grid_C_mid,
+            grid_A=best.grid_A,
+            grid_C_mid=best.grid_C_mid,
             used=use,
             run_inputs=runs_all,
             model=self.clone(),
         )
         return self
+
+
+def _start_level(r0: float | None, c_all: np.ndarray, v_all: np.ndarray) -> float:
+    """R0 as given (checked to lie in [0, 1]), or the mean value at the smallest compute."""
+    if r0 is None:
+        return float(np.mean(v_all[c_all == c_all.min()]))
+    if not 0.0 <= r0 <= 1.0:
+        raise FitError(f"r0 must lie in [0, 1], got {r0}")
+    return r0
+
+
+def _fit_window(
+    c_all: np.ndarray, exclude_below: float | None, fit_upto: float | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The points fitted (compute > 0, within the window) and those held out (above ``fit_upto``)."""
+    keep = c_all > 0
+    if exclude_below is not None:
+        keep &= c_all >= exclude_below
+    held = keep & (c_all > fit_upto) if fit_upto is not None else np.zeros_like(keep)
+    return keep & ~held, held
+
+
+def _check_fit_points(
+    c: np.ndarray, v: np.ndarray, r0: float, exclude_below: float | None, fit_upto: float | None
+) -> None:
+    """Refuse points that cannot identify a sigmoid: too few, one compute only, or no gain over R0."""
+    if len(c) < MIN_POINTS:
+        raise FitError(
+            f"only {len(c)} point(s) with compute > 0"
+            + (f", >= {exclude_below:g} (--exclude-below)" if exclude_below is not None else "")
+            + (f", <= {fit_upto:g} (--fit-upto)" if fit_upto is not None else "")
+            + f"; need at least {MIN_POINTS}"
+        )
+    if c.max() <= c.min() * (1.0 + 1e-9):
+        raise FitError(
+            f"every fitted point has the same compute ({c.min():g}): there is no compute range to fit a curve to; "
+            "check the compute column"
+        )
+    order = np.argsort(c)
+    tail = v[order][-max(2, len(c) // 4) :]
+    gain = float(tail.mean() - r0)
+    if gain < MIN_GAIN:
+        raise FitError(
+            f"no sigmoid gain is identifiable: the curve ends at {tail.mean():.3f} on average, "
+            f"R0 = {r0:.3f} (gain {gain:+.3f} < {MIN_GAIN}); the curve is flat or decreasing"
+        )
+
+
+def _search_grids(a_grid, cmid_grid, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The A and C_mid grids searched: the paper's, automatic (from the largest compute) or given."""
+    a_grid = PAPER_A_GRID if a_grid is None else np.atleast_1d(np.asarray(a_grid, float))
+    if isinstance(cmid_grid, str) and cmid_grid == "paper":
+        cmid_grid = PAPER_CMID_GRID
+    elif cmid_grid is None or (isinstance(cmid_grid, str) and cmid_grid == "auto"):
+        cmid_grid = auto_cmid_grid(float(c.max()))
+    else:
+        cmid_grid = np.atleast_1d(np.asarray(cmid_grid, float))
+    if (cmid_grid <= 0).any():
+        raise FitError("every C_mid grid value must be > 0")
+    return a_grid, cmid_grid
+
+
+@dataclass(frozen=True)
+class _GridBest:
+    """The best grid cell (indices and values) and the optimum after refining B and polishing."""
+
+    ia: int
+    ic: int
+    grid_A: float
+    grid_C_mid: float
+    A: float
+    B: float
+    C_mid: float
+    sse: float
+
+
+def _best_on_grid(
+    c: np.ndarray, v: np.ndarray, r0: float, a_grid: np.ndarray, cmid_grid: np.ndarray, polish_optimum: bool
+) -> _GridBest:
+    """Search the (A, C_mid) grid for the least squares cell, refine its B, then polish if asked."""
+    b_cells, sse_cells = fit_b_grid(np.log(c), v, r0, a_grid, cmid_grid)
+    ia, ic = np.unravel_index(int(np.argmin(sse_cells)), sse_cells.shape)
+    grid_A, grid_C_mid = float(a_grid[ia]), float(cmid_grid[ic])
+    B, sse = _refine_b(c, v, grid_A, grid_C_mid, r0, float(b_cells[ia, ic]), float(sse_cells[ia, ic]))
+    A, C_mid = grid_A, grid_C_mid
+    if polish_optimum:
+        pA, pB, pC, p_sse = polish(
+            c, v, r0, A, B, C_mid, (a_grid.min(), a_grid.max()), (cmid_grid.min(), cmid_grid.max())
+        )
+        if p_sse <= sse:
+            A, B, C_mid, sse = pA, pB, pC, p_sse
+    return _GridBest(ia, ic, grid_A, grid_C_mid, A, B, C_mid, sse)
+
+
+def _fit_notes(a_grid: np.ndarray, cmid_grid: np.ndarray, best: _GridBest) -> list[str]:
+    """The fit's warnings: an optimum on a grid edge, and B on a bound of its range."""
+    notes = edge_warnings(a_grid, cmid_grid, best.ia, best.ic)
+    if b_on_bound(best.B):
+        notes.append(
+            f"B = {best.B:.3g} is at a bound of its range {B_BOUNDS}: the best curve is {_bound_shape(best.B)}, not a"
+            " sigmoid; its shape is not identified by these points (more evaluations across the rise)"
+        )
+    return notes
 
 
 def fit_sigmoid(
