@@ -156,6 +156,30 @@ def campaign_bootstrap(
     from the pool, each evaluation position a shock shared by every variant (``shared_var``)."""
     rng = np.random.default_rng(seed)
     names = [v for v in cfit.fits if v not in skip]
+    sims, zero_dev = _simulate_campaign(cfit, pool, names, rng, n_resamples, shared_var)
+    if cfit.r0_shared:
+        shift = np.mean([zero_dev[v] for v in names], axis=0)
+        r0s = {v: cfit.r0 + shift for v in names}
+    else:
+        r0s = {v: cfit.fits[v].R0 + zero_dev[v] for v in names}
+    pooled = [v for v in names if v in cfit.pooled]
+    out: dict[str, np.ndarray] = _pooled_draws(cfit, pooled, sims, r0s, rng, n_resamples) if pooled else {}
+    for v in names:
+        if v not in out:
+            out[v] = _own_draws(cfit.fits[v], sims[v], r0s[v], n_resamples)
+    return out
+
+
+def _simulate_campaign(
+    cfit: CampaignFit,
+    pool: DeviationPool,
+    names: list[str],
+    rng: np.random.Generator,
+    n_resamples: int,
+    shared_var: float,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Each variant's simulated curves (fit + shared shocks + each run's pooled deviations), and the
+    mean deviation at the smallest compute (which moves R0)."""
     keys = {v: _position_key(cfit.fits[v].inputs[0], float(cfit.fits[v].compute.max())) for v in names}
     all_keys = np.unique(np.concatenate([k[k > 0] for k in keys.values()])) if names else np.array([])
     shocks = rng.standard_normal((n_resamples, len(all_keys))) * np.sqrt(shared_var)
@@ -174,61 +198,81 @@ def campaign_bootstrap(
             y[:, idx] += d
             zd.append(d[:, base[idx]].mean(axis=1) if base[idx].any() else np.zeros(n_resamples))
         sims[v], zero_dev[v] = y, np.mean(zd, axis=0)
-    if cfit.r0_shared:
-        shift = np.mean([zero_dev[v] for v in names], axis=0)
-        r0s = {v: cfit.r0 + shift for v in names}
-    else:
-        r0s = {v: cfit.fits[v].R0 + zero_dev[v] for v in names}
+    return sims, zero_dev
+
+
+def _pooled_draws(
+    cfit: CampaignFit,
+    pooled: list[str],
+    sims: dict[str, np.ndarray],
+    r0s: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    n_resamples: int,
+) -> dict[str, np.ndarray]:
+    """The pooled variants' draws: each resample's joint posterior over log B (its own tau, mu
+    re-estimated), every variant's B at its posterior's mode, A and C_mid from its profile there."""
+    taus = _tau_draws(cfit, rng, n_resamples)
+    grid = _resample_grid(cfit, float(np.quantile(taus, 0.975)))
+    fine = fine_grid(grid, BOOT_FINE)
+    ll, args = _resample_profiles(cfit, pooled, sims, r0s, grid, fine)
+    L = np.stack([ll[v] for v in pooled], axis=1)  # (R, V, nf)
+    top = L.max(axis=-1, keepdims=True)
+    mu = np.empty(n_resamples)
+    for tau in np.unique(taus):  # mu re-estimated in every resample, at that resample's tau
+        rows = taus == tau
+        marg = np.log(np.maximum(np.exp(L[rows] - top[rows]) @ normal_kernel(fine, fine, tau).T, 1e-300))
+        mu[rows] = fine[np.argmax((marg + top[rows]).sum(axis=1), axis=1)]
     out: dict[str, np.ndarray] = {}
-    pooled = [v for v in names if v in cfit.pooled]
-    if pooled:
-        taus = _tau_draws(cfit, rng, n_resamples)
-        grid = _resample_grid(cfit, float(np.quantile(taus, 0.975)))
-        fine = fine_grid(grid, BOOT_FINE)
-        ll, args = {}, {}
-        for v in pooled:
-            f = cfit.fits[v]
-            sse0, a0, lcm0 = cfit.profiles[v]
-            start = np.column_stack([np.interp(grid, LOGB_GRID, a0), np.interp(grid, LOGB_GRID, lcm0)])
-            a_range, c_range = (f.a_grid.min(), f.a_grid.max()), (f.cmid_grid.min(), f.cmid_grid.max())
-            Y = sims[v][:, f.used]
-            sse, a, lcm = _profile_resamples(np.log(f.compute), Y, r0s[v], grid, a_range, c_range, start)
-            # smooth in log B: a cubic through the grid's profile, so the posterior's mode can fall between
-            # the grid's nodes (a linear interpolation peaks on a node: every draw of B on one of them)
-            ll[v] = CubicSpline(grid, -(sse - sse.min(axis=1, keepdims=True)) / (2 * f.prior.temperature), axis=1)(fine)
-            args[v] = (CubicSpline(grid, a, axis=1)(fine), CubicSpline(grid, lcm, axis=1)(fine))
-        L = np.stack([ll[v] for v in pooled], axis=1)  # (R, V, nf)
-        top = L.max(axis=-1, keepdims=True)
-        mu = np.empty(n_resamples)
-        for tau in np.unique(taus):  # mu re-estimated in every resample, at that resample's tau
-            rows = taus == tau
-            marg = np.log(np.maximum(np.exp(L[rows] - top[rows]) @ normal_kernel(fine, fine, tau).T, 1e-300))
-            mu[rows] = fine[np.argmax((marg + top[rows]).sum(axis=1), axis=1)]
-        for j, v in enumerate(pooled):
-            post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / taus[:, None]) ** 2
-            k = np.argmax(post, axis=1)
-            a, lcm = args[v]
-            f = cfit.fits[v]
-            rows = np.arange(n_resamples)
-            A = np.clip(a[rows, k], f.a_grid.min(), f.a_grid.max())
-            C = np.exp(np.clip(lcm[rows, k], np.log(f.cmid_grid.min()), np.log(f.cmid_grid.max())))
-            out[v] = np.column_stack([A, np.exp(fine[k]), C, r0s[v]])
-    for v in names:
-        if v in out:
-            continue
+    for j, v in enumerate(pooled):
+        post = L[:, j, :] - 0.5 * ((fine[None, :] - mu[:, None]) / taus[:, None]) ** 2
+        k = np.argmax(post, axis=1)
+        a, lcm = args[v]
         f = cfit.fits[v]
-        log_x = np.log(f.compute)[None, :]
-        Y, r0 = sims[v][:, f.used], r0s[v][:, None]
-
-        def residuals(theta: np.ndarray, rows: np.ndarray, Y=Y, r0=r0, log_x=log_x) -> tuple[np.ndarray, np.ndarray]:
-            return sigmoid_residuals(theta, log_x, Y[rows], r0[rows])
-
-        lower = np.array([f.a_grid.min(), B_BOUNDS[0], np.log(f.cmid_grid.min())])
-        upper = np.array([f.a_grid.max(), B_BOUNDS[1], np.log(f.cmid_grid.max())])
-        theta0 = np.tile([f.A, f.B, np.log(f.C_mid)], (n_resamples, 1))
-        theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
-        out[v] = np.column_stack([theta[:, 0], theta[:, 1], np.exp(theta[:, 2]), r0s[v]])
+        rows = np.arange(n_resamples)
+        A = np.clip(a[rows, k], f.a_grid.min(), f.a_grid.max())
+        C = np.exp(np.clip(lcm[rows, k], np.log(f.cmid_grid.min()), np.log(f.cmid_grid.max())))
+        out[v] = np.column_stack([A, np.exp(fine[k]), C, r0s[v]])
     return out
+
+
+def _resample_profiles(
+    cfit: CampaignFit,
+    pooled: list[str],
+    sims: dict[str, np.ndarray],
+    r0s: dict[str, np.ndarray],
+    grid: np.ndarray,
+    fine: np.ndarray,
+) -> tuple[dict[str, np.ndarray], dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """Each pooled variant's profile log-likelihood over log B in every resample (on ``fine``), and
+    the profile's A and log C_mid there."""
+    ll, args = {}, {}
+    for v in pooled:
+        f = cfit.fits[v]
+        sse0, a0, lcm0 = cfit.profiles[v]
+        start = np.column_stack([np.interp(grid, LOGB_GRID, a0), np.interp(grid, LOGB_GRID, lcm0)])
+        a_range, c_range = (f.a_grid.min(), f.a_grid.max()), (f.cmid_grid.min(), f.cmid_grid.max())
+        Y = sims[v][:, f.used]
+        sse, a, lcm = _profile_resamples(np.log(f.compute), Y, r0s[v], grid, a_range, c_range, start)
+        # smooth in log B: a cubic through the grid's profile, so the posterior's mode can fall between
+        # the grid's nodes (a linear interpolation peaks on a node: every draw of B on one of them)
+        ll[v] = CubicSpline(grid, -(sse - sse.min(axis=1, keepdims=True)) / (2 * f.prior.temperature), axis=1)(fine)
+        args[v] = (CubicSpline(grid, a, axis=1)(fine), CubicSpline(grid, lcm, axis=1)(fine))
+    return ll, args
+
+
+def _own_draws(f: SigmoidFit, sim: np.ndarray, r0_draws: np.ndarray, n_resamples: int) -> np.ndarray:
+    """An unpooled variant's draws: its own curve refitted (least squares) to every resample."""
+    log_x = np.log(f.compute)[None, :]
+    Y, r0 = sim[:, f.used], r0_draws[:, None]
+
+    def residuals(theta: np.ndarray, rows: np.ndarray, Y=Y, r0=r0, log_x=log_x) -> tuple[np.ndarray, np.ndarray]:
+        return sigmoid_residuals(theta, log_x, Y[rows], r0[rows])
+
+    lower = np.array([f.a_grid.min(), B_BOUNDS[0], np.log(f.cmid_grid.min())])
+    upper = np.array([f.a_grid.max(), B_BOUNDS[1], np.log(f.cmid_grid.max())])
+    theta0 = np.tile([f.A, f.B, np.log(f.C_mid)], (n_resamples, 1))
+    theta, _ = batched_lm(residuals, theta0, lower, upper, iters=100)
+    return np.column_stack([theta[:, 0], theta[:, 1], np.exp(theta[:, 2]), r0_draws])
 
 
 @dataclass
