@@ -61,25 +61,10 @@ def decide_stop(
     """Stop when P(variant's final >= baseline's final - margin) < risk and both fits are predictable."""
     if not 0.0 < risk < 0.5:
         raise ValueError(f"risk must lie in (0, 0.5), e.g. 0.05; got {risk}")
-    no_band = [
-        f"the {who}'s curve gets no band ({'; '.join(fc.no_band)})"
-        for who, fc in (("variant", variant), ("baseline", baseline))
-        if fc.no_band
-    ]
-    if no_band:  # not a sigmoid: its draws are undefined, and no probability can rule the variant out
-        return StopDecision(
-            False,
-            "keep running: " + "; ".join(no_band) + ": not a sigmoid, so the fit cannot rule the variant out",
-            variant_final=float(variant.point([variant_budget])[0]),
-            baseline_final=float(baseline.point([baseline_budget])[0]),
-        )
-    v = variant.mean_draws([variant_budget])[:, 0]
-    b = baseline.mean_draws([baseline_budget])[:, 0]
-    rng = np.random.default_rng(seed)
-    n = min(len(v), len(b))
-    v, b = rng.permutation(v)[:n], rng.permutation(b)[:n]
-    a_v = rng.permutation(variant.samples[:, 0])[:n]
-    a_b = rng.permutation(baseline.samples[:, 0])[:n]
+    no_band = _no_band_decision(variant, baseline, variant_budget, baseline_budget)
+    if no_band is not None:
+        return no_band
+    v, b, a_v, a_b = _paired_draws(variant, baseline, variant_budget, baseline_budget, seed)
     q = central_percentiles(1.0 - 2.0 * risk)
     out = StopDecision(
         stop=False,
@@ -96,20 +81,72 @@ def decide_stop(
         for who, fc in (("variant", variant), ("baseline", baseline))
         if fc.verdict is None or not fc.verdict.predictable
     ]
-    if unsure and all(
+    if unsure and _robust_stop(out, variant, baseline, v, b, margin, risk):
+        return out
+    _plain_call(out, unsure, margin, risk)
+    return out
+
+
+def _no_band_decision(
+    variant: Forecast, baseline: Forecast, variant_budget: float, baseline_budget: float
+) -> StopDecision | None:
+    """Keep running where either curve gets no band (not a sigmoid: its draws are undefined, and no
+    probability can rule the variant out); None where both have one."""
+    no_band = [
+        f"the {who}'s curve gets no band ({'; '.join(fc.no_band)})"
+        for who, fc in (("variant", variant), ("baseline", baseline))
+        if fc.no_band
+    ]
+    if not no_band:
+        return None
+    return StopDecision(
+        False,
+        "keep running: " + "; ".join(no_band) + ": not a sigmoid, so the fit cannot rule the variant out",
+        variant_final=float(variant.point([variant_budget])[0]),
+        baseline_final=float(baseline.point([baseline_budget])[0]),
+    )
+
+
+def _paired_draws(
+    variant: Forecast, baseline: Forecast, variant_budget: float, baseline_budget: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Equal numbers of the two forecasts' draws of the final value and of A, shuffled (``seed``) so
+    the i-th of one meets a random draw of the other."""
+    v = variant.mean_draws([variant_budget])[:, 0]
+    b = baseline.mean_draws([baseline_budget])[:, 0]
+    rng = np.random.default_rng(seed)
+    n = min(len(v), len(b))
+    v, b = rng.permutation(v)[:n], rng.permutation(b)[:n]
+    a_v = rng.permutation(variant.samples[:, 0])[:n]
+    a_b = rng.permutation(baseline.samples[:, 0])[:n]
+    return v, b, a_v, a_b
+
+
+def _robust_stop(
+    out: StopDecision, variant: Forecast, baseline: Forecast, v: np.ndarray, b: np.ndarray, margin: float, risk: float
+) -> bool:
+    """Where a fit is not yet predictable only by its error, stop (setting ``out``) if the variant is
+    ruled out even with both predictions moved towards each other by their expected errors."""
+    if not all(
         fc.verdict is not None and (fc.verdict.predictable or fc.verdict.error_only) for fc in (variant, baseline)
     ):
-        z = float(ndtri(1.0 - risk))
-        e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
-        robust = float(np.mean(v + e_v >= b - e_b - margin))
-        if robust < risk:
-            out.stop = True
-            out.reason = (
-                f"stop: P(final >= baseline - {margin:g}) = {robust:.3f} < risk {risk:g} even with the predictions "
-                f"moved towards each other by their {error_name(variant, baseline)}s (+{e_v:.3f}, -{e_b:.3f}) "
-                f"(predicted {out.variant_final:.3f} vs baseline {out.baseline_final:.3f})"
-            )
-            return out
+        return False
+    z = float(ndtri(1.0 - risk))
+    e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
+    robust = float(np.mean(v + e_v >= b - e_b - margin))
+    if robust >= risk:
+        return False
+    out.stop = True
+    out.reason = (
+        f"stop: P(final >= baseline - {margin:g}) = {robust:.3f} < risk {risk:g} even with the predictions "
+        f"moved towards each other by their {error_name(variant, baseline)}s (+{e_v:.3f}, -{e_b:.3f}) "
+        f"(predicted {out.variant_final:.3f} vs baseline {out.baseline_final:.3f})"
+    )
+    return True
+
+
+def _plain_call(out: StopDecision, unsure: list[str], margin: float, risk: float) -> None:
+    """Set ``out``'s call: keep running while a fit is unsure, else stop where P < risk."""
     if unsure:
         out.reason = "keep running: " + "; ".join(unsure)
     elif out.probability < risk:
@@ -120,4 +157,3 @@ def decide_stop(
         )
     else:
         out.reason = f"keep running: P(final >= baseline - {margin:g}) = {out.probability:.3f} >= risk {risk:g}"
-    return out
