@@ -399,16 +399,7 @@ def forecast_size(
     compared with the forecast, never fitted). ``params``: its parameter count when it has no runs;
     ``r0``: its base model's value (else its compute-0 evaluations, else the sizes' R0 law);
     ``n_seeds``: how many seeds its measured mean will average (else its own, else the others' median)."""
-    if target in data:
-        params = data[target].params
-    if params is None:
-        raise FitError(f"size {target!r} has no runs: give its parameter count (--params) to forecast it")
-    fitted = {k: v for k, v in data.items() if k != target}
-    if len(fitted) < MIN_SIZES + 1:
-        raise FitError(
-            f"{len(fitted)} size(s) besides {target!r}: forecasting one size needs at least {MIN_SIZES + 1} others "
-            "(each law is chosen by predicting a fitted size from the rest)"
-        )
+    params, fitted = _forecast_inputs(data, target, params)
     fits_given = fits
     free = [fits[k] if fits and k in fits else fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in fitted.items()]
     own = data.get(target)
@@ -416,24 +407,7 @@ def forecast_size(
         r0 = own.r0()
     fits, choices, joint = _per_size(free, fitted, r0 is not None)
     choice = choices[0]
-    rng = np.random.default_rng(seed)
-    misfit = _misfit(fits, choice.forms, n_draws, rng)
-    ref = fits[0].params
-    x = _x(np.array([f.params for f in fits]), ref)
-    draws: dict[str, np.ndarray] = {}
-    shift = fits[0].b_sd * rng.standard_normal((n_draws, 1))  # one B for every size: its draw, shared
-    for p, form in choice.forms.items():
-        y = np.array([f.theta[p] for f in fits])
-        sd = np.array([f.sd[p] for f in fits])
-        slope = np.array([f.b_slope.get(p, 0.0) for f in fits])
-        ys = y + slope * shift + sd * rng.standard_normal((n_draws, len(fits)))
-        pred = law_predict(form, x, ys, 1 / sd**2, _x(np.array([params]), ref))[0][:, 0]
-        draws[p] = pred + misfit[p] * rng.standard_normal(n_draws)
-    if r0 is not None:
-        draws["R0"] = np.full(n_draws, float(r0))
-    draws["A"] = np.clip(draws["A"], draws["R0"] + 1e-3, 1.0)
-    resid = np.array([f.resid_sd for f in fits])
-    draws["noise_sd"] = np.full(n_draws, float(np.sqrt(np.mean(resid**2))))
+    draws, misfit = _law_draws(fits, choice, params, r0, n_draws, seed)
     k = n_seeds or (own.n_seeds if own is not None else int(np.median([f.n_seeds for f in fits])))
     c_max = max(float(d.compute.max()) for d in data.values())
     grid = np.unique(np.concatenate([np.linspace(0, c_max, 101), own.mean_curve()[0] if own is not None else []]))
@@ -453,6 +427,50 @@ def forecast_size(
     if own is not None and (own.compute > 0).any():  # its runs so far (rows at compute 0 alone give its R0)
         fc.actual = _against_actual(fc, own, a_grid, seed, (fits_given or {}).get(target))
     return fc
+
+
+def _forecast_inputs(
+    data: Mapping[str, SizeData], target: str, params: float | None
+) -> tuple[float, dict[str, SizeData]]:
+    """The target's parameter count (its runs' if it has some) and the sizes fitted (every other one),
+    refusing a target of unknown size or too few others."""
+    if target in data:
+        params = data[target].params
+    if params is None:
+        raise FitError(f"size {target!r} has no runs: give its parameter count (--params) to forecast it")
+    fitted = {k: v for k, v in data.items() if k != target}
+    if len(fitted) < MIN_SIZES + 1:
+        raise FitError(
+            f"{len(fitted)} size(s) besides {target!r}: forecasting one size needs at least {MIN_SIZES + 1} others "
+            "(each law is chosen by predicting a fitted size from the rest)"
+        )
+    return params, fitted
+
+
+def _law_draws(
+    fits: list[SizeFit], choice: Choice, params: float, r0: float | None, n_draws: int, seed: int
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Draws of the target's parameters from the chosen laws (each size's fit drawn within its errors,
+    one B shift shared by every size, plus each law's misfit), and the misfit sd of each parameter."""
+    rng = np.random.default_rng(seed)
+    misfit = _misfit(fits, choice.forms, n_draws, rng)
+    ref = fits[0].params
+    x = _x(np.array([f.params for f in fits]), ref)
+    draws: dict[str, np.ndarray] = {}
+    shift = fits[0].b_sd * rng.standard_normal((n_draws, 1))  # one B for every size: its draw, shared
+    for p, form in choice.forms.items():
+        y = np.array([f.theta[p] for f in fits])
+        sd = np.array([f.sd[p] for f in fits])
+        slope = np.array([f.b_slope.get(p, 0.0) for f in fits])
+        ys = y + slope * shift + sd * rng.standard_normal((n_draws, len(fits)))
+        pred = law_predict(form, x, ys, 1 / sd**2, _x(np.array([params]), ref))[0][:, 0]
+        draws[p] = pred + misfit[p] * rng.standard_normal(n_draws)
+    if r0 is not None:
+        draws["R0"] = np.full(n_draws, float(r0))
+    draws["A"] = np.clip(draws["A"], draws["R0"] + 1e-3, 1.0)
+    resid = np.array([f.resid_sd for f in fits])
+    draws["noise_sd"] = np.full(n_draws, float(np.sqrt(np.mean(resid**2))))
+    return draws, misfit
 
 
 def _passing(fc: SizeForecast, top: SizeFit, q: float) -> None:
