@@ -20,10 +20,12 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
-def to_markdown(table: pd.DataFrame) -> str:
-    def fmt(v: Any, spec: str) -> str:
-        return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+def _fmt(v: Any, spec: str) -> str:
+    return "" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """The LOO table as Markdown: a header (the fit model, the columns) and one row per variant."""
     k = next((int(c[len("final_last") : -len("_mean_at_16")]) for c in table if c.startswith("final_last")), 3)
     lines = []
     models = [m for m in table.get("fit_model", pd.Series(dtype=object)).dropna().unique() if m]
@@ -39,58 +41,80 @@ def to_markdown(table: pd.DataFrame) -> str:
         "|---|" + "---|" * len(names) + "---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
-        cells = []
-        for p in names:
-            if p == "A":
-                a = (
-                    f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
-                    if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
-                    else (f"{r['A']:.3f}" + (" (no band)" if "A_lo" in r else "") if not pd.isna(r.get("A")) else "")
-                )
-                cells.append(a + (" (grid edge)" if r.get("a_at_edge") is True else ""))
-            elif p == "B":
-                cells.append(fmt(r.get("B"), ".2f") + (" (bound)" if r.get("b_at_bound") is True else ""))
-            else:
-                cells.append(fmt(r.get(p), ".3g"))
-        if pd.isna(r.get(names[0])):  # no fit: the first parameter's cell says why
-            cells[0] = r.get("note", "")
         pred = r.get("predictability", "")
         pred = "" if not isinstance(pred, str) else pred
         verdict = r.get("verdict", "")
         stopped = r.get("stopped")
         if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations
             verdict = f"{verdict} — {stopped} (prediction)" if verdict else f"{stopped} (prediction)"
-        final = fmt(r["final_mean_at_16"], ".3f")
-        last = r.get(f"final_last{k}_mean_at_16")
-        if last is not None and not pd.isna(last):
-            final += f" ({last:.3f})"
-        if r.get("unfinished", 0) > 0:  # a partial curve: its last value is not the run's final one
-            final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
-        if _text(r.get("dropped")):  # points no curve can hold, left out of the fit by name
-            final += f" ({r['dropped']})"
-        if _text(r.get("unstable")):  # runs that left their siblings: counted and named
-            final += f" (unstable: {r['unstable']}; flagged evaluations left out of the fit)"
-        calls = ""
-        if _text(r.get("half_call_text")) or _text(r.get("call_text")):
-            calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
-        if _text(r.get("reading_text")):  # slower or lower, as the fit to all of it reads it
-            calls += f" (reading at the budget: {r['reading']}: {r['reading_text']})"
-        measured = _text(r.get("measured"))
-        if _text(r.get(f"measured_last{k}")):
-            measured += f" (last {k}: {_text(r.get(f'measured_last{k}'))})"
-        if _text(r.get(f"steady_measured_last{k}")):  # a run was flagged: the comparison without it too
-            measured += f" (without flagged runs, last {k}: {_text(r.get(f'steady_measured_last{k}'))})"
-        half = _text(r.get("half_measured"))
-        if _text(r.get(f"half_measured_last{k}")):
-            half += f" (last {k}: {_text(r.get(f'half_measured_last{k}'))})"
+        measured, half = _measured_cells(r, k)
         res = ""
         if not pd.isna(r.get("resolvable", np.nan)):
             res = f"{r['resolvable']:.3f} ({r['resolvable_last_k']:.3f})"
         lines.append(
-            f"| {r['variant']} | {' | '.join(cells)} | {final} | {pred} | {verdict} | {calls} | "
-            f"{measured} | {half} | {res} |"
+            f"| {r['variant']} | {' | '.join(_param_cells(r, names))} | {_final_cell(r, k)} | {pred} | {verdict} | "
+            f"{_calls_cell(r)} | {measured} | {half} | {res} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _param_cells(r: pd.Series, names: list[str]) -> list[str]:
+    """A row's parameter cells (A with its interval, a grid edge or a bound marked); with no fit, the
+    first one says why."""
+    cells = []
+    for p in names:
+        if p == "A":
+            a = (
+                f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
+                if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
+                else (f"{r['A']:.3f}" + (" (no band)" if "A_lo" in r else "") if not pd.isna(r.get("A")) else "")
+            )
+            cells.append(a + (" (grid edge)" if r.get("a_at_edge") is True else ""))
+        elif p == "B":
+            cells.append(_fmt(r.get("B"), ".2f") + (" (bound)" if r.get("b_at_bound") is True else ""))
+        else:
+            cells.append(_fmt(r.get(p), ".3g"))
+    if pd.isna(r.get(names[0])):  # no fit: the first parameter's cell says why
+        cells[0] = r.get("note", "")
+    return cells
+
+
+def _final_cell(r: pd.Series, k: int) -> str:
+    """The final mean@16 (and over the last k), with unfinished, dropped and unstable runs noted."""
+    final = _fmt(r["final_mean_at_16"], ".3f")
+    last = r.get(f"final_last{k}_mean_at_16")
+    if last is not None and not pd.isna(last):
+        final += f" ({last:.3f})"
+    if r.get("unfinished", 0) > 0:  # a partial curve: its last value is not the run's final one
+        final += f" ({r['unfinished']:.0f} of {r['seeds']} runs unfinished)"
+    if _text(r.get("dropped")):  # points no curve can hold, left out of the fit by name
+        final += f" ({r['dropped']})"
+    if _text(r.get("unstable")):  # runs that left their siblings: counted and named
+        final += f" (unstable: {r['unstable']}; flagged evaluations left out of the fit)"
+    return final
+
+
+def _calls_cell(r: pd.Series) -> str:
+    """The call at half the budget → at the budget, and the reading (slower or lower) if any."""
+    calls = ""
+    if _text(r.get("half_call_text")) or _text(r.get("call_text")):
+        calls = f"{_text(r.get('half_call_text'))} → {_text(r.get('call_text'))}"
+    if _text(r.get("reading_text")):  # slower or lower, as the fit to all of it reads it
+        calls += f" (reading at the budget: {r['reading']}: {r['reading_text']})"
+    return calls
+
+
+def _measured_cells(r: pd.Series, k: int) -> tuple[str, str]:
+    """The measured comparisons at the budget and at half of it, each with its last-k version."""
+    measured = _text(r.get("measured"))
+    if _text(r.get(f"measured_last{k}")):
+        measured += f" (last {k}: {_text(r.get(f'measured_last{k}'))})"
+    if _text(r.get(f"steady_measured_last{k}")):  # a run was flagged: the comparison without it too
+        measured += f" (without flagged runs, last {k}: {_text(r.get(f'steady_measured_last{k}'))})"
+    half = _text(r.get("half_measured"))
+    if _text(r.get(f"half_measured_last{k}")):
+        half += f" (last {k}: {_text(r.get(f'half_measured_last{k}'))})"
+    return measured, half
 
 
 def plot_campaign(curves: pd.DataFrame, extra: dict, path: Path, settings: FitSettings, title: str = "") -> Path | None:
