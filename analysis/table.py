@@ -14,7 +14,7 @@ from analysis.curves import bad_points, steady_points, unfinished
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model, warn_wall_clock
 from analysis.planner import plan as seed_plan
 from runners.contract import MEAN_AT_16
-from scalefit import FitError, compare_fits, seed_spread
+from scalefit import CurveFit, FitError, compare_fits, seed_spread
 from scalefit.prediction import Forecast, against_margin, call_difference
 from scalefit.settings import FitSettings
 from scalefit.unstable import Flag, arm_counts
@@ -436,52 +436,25 @@ def extrapolation_check(
     the forecast's verdict and expected error. A variant that is not a sigmoid has no band. This
     is the paper's claim put to the test: a curve fitted early predicts late.
     """
-    x, y, k = settings.x, MEAN_AT_16, settings.last_k
+    x, k = settings.x, settings.last_k
     curves = bad_points(curves, x)[0]
     model = model or campaign_model(curves, settings, n_boot, fraction=frac)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
-        by_seed = g.sort_values(x).groupby("seed")
-        last = by_seed.last()
-        tail = by_seed.tail(k)
-        x_end, observed = float(last[x].mean()), float(last[y].mean())
-        x_tail = tail[x].to_numpy(float)  # every seed's last k: their mean is the mean of the seeds' means
-        window = int(tail.groupby("seed").size().min())  # fewer than k where a seed has fewer evaluations
+        end = _observed_end(g, x, k)
         budget = float(g[x].max())
         upto = model.fit_upto.get(variant)  # none: no share holds a fit and a point after it (or fitted on all)
         share = None if upto is None else upto / budget
         upto = frac * budget if upto is None else upto
-        row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": x_end, "observed": observed}
-        row[f"observed_last{k}"] = float(tail[y].mean())  # less sensitive to one noisy evaluation
+        row = {"variant": variant, "fit_share": share, "fit_upto": upto, "x_final": end.x, "observed": end.observed}
+        row[f"observed_last{k}"] = end.observed_k  # less sensitive to one noisy evaluation
         row["last_k"] = k
         if variant not in model.fits:
             row["note"] = model.failed.get(variant, "no fit")
             rows.append(row)
             continue
-        f, fc = model.fits[variant], model.forecasts[variant]
-        seeds = len(last)
-        pred = float(f.predict(np.array([x_end]))[0])
-        pred_k = float(f.predict(x_tail).mean())
-        row.update(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - observed)
-        row[f"predicted_last{k}"] = pred_k
-        row[f"error_last{k}"] = pred_k - row[f"observed_last{k}"]
-        # a k-seed mean of one evaluation, and of the last k where the model has a noise estimate for them
-        lo, hi = fc.target_band([x_end], seeds)
-        sd = fc.expected_error_at([x_end], seeds)
-        lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
-        if window in fc.mean_windows:
-            lo_k, hi_k = fc.target_band(x_tail, seeds, window=window)
-            sd_k = fc.expected_error_at(x_tail, seeds, window)
-        row.update(band_lo=lo, band_hi=hi, in_band=bool(lo <= observed <= hi), z=(pred - observed) / sd)
-        row.update(
-            {
-                f"band_last{k}_lo": lo_k,
-                f"band_last{k}_hi": hi_k,
-                f"in_band_last{k}": bool(lo_k <= row[f"observed_last{k}"] <= hi_k),
-                f"z_last{k}": row[f"error_last{k}"] / sd_k,
-                f"expected_error_last{k}": sd_k,
-            }
-        )
+        fc = model.forecasts[variant]
+        row.update(_predicted_end(model.fits[variant], fc, end, k))
         row.update(
             level=settings.level,
             verdict=fc.verdict.label,
@@ -491,3 +464,58 @@ def extrapolation_check(
         )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class _End:
+    """A variant's observed end: the mean final compute and value over seeds, and every seed's last
+    ``k`` evaluations (``window``: fewer where a seed has fewer) with their mean."""
+
+    x: float
+    observed: float
+    x_tail: np.ndarray
+    observed_k: float
+    window: int
+    seeds: int
+
+
+def _observed_end(g: pd.DataFrame, x: str, k: int) -> _End:
+    """The end of one variant's curves (``g``), as the extrapolation check compares it."""
+    by_seed = g.sort_values(x).groupby("seed")
+    last = by_seed.last()
+    tail = by_seed.tail(k)
+    return _End(
+        x=float(last[x].mean()),
+        observed=float(last[MEAN_AT_16].mean()),
+        x_tail=tail[x].to_numpy(float),  # every seed's last k: their mean is the mean of the seeds' means
+        observed_k=float(tail[MEAN_AT_16].mean()),
+        window=int(tail.groupby("seed").size().min()),  # fewer than k where a seed has fewer evaluations
+        seeds=len(last),
+    )
+
+
+def _predicted_end(f: CurveFit, fc: Forecast, end: _End, k: int) -> dict[str, Any]:
+    """The early fit's predictions of the end, their errors, and the bands for the seeds' mean (of one
+    evaluation, and of the last k where the model has a noise estimate for them) with z."""
+    pred = float(f.predict(np.array([end.x]))[0])
+    pred_k = float(f.predict(end.x_tail).mean())
+    cells: dict[str, Any] = dict(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - end.observed)
+    cells[f"predicted_last{k}"] = pred_k
+    cells[f"error_last{k}"] = pred_k - end.observed_k
+    lo, hi = fc.target_band([end.x], end.seeds)
+    sd = fc.expected_error_at([end.x], end.seeds)
+    lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
+    if end.window in fc.mean_windows:
+        lo_k, hi_k = fc.target_band(end.x_tail, end.seeds, window=end.window)
+        sd_k = fc.expected_error_at(end.x_tail, end.seeds, end.window)
+    cells.update(band_lo=lo, band_hi=hi, in_band=bool(lo <= end.observed <= hi), z=(pred - end.observed) / sd)
+    cells.update(
+        {
+            f"band_last{k}_lo": lo_k,
+            f"band_last{k}_hi": hi_k,
+            f"in_band_last{k}": bool(lo_k <= end.observed_k <= hi_k),
+            f"z_last{k}": cells[f"error_last{k}"] / sd_k,
+            f"expected_error_last{k}": sd_k,
+        }
+    )
+    return cells
