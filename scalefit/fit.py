@@ -391,7 +391,7 @@ class SigmoidModel(CurveModel):
             raise FitError("no points to fit")
         runs_all = np.zeros(len(c_all), dtype=int) if runs is None else run_labels(runs, len(c_all))
         r0 = _start_level(self.r0, c_all, v_all)
-        use, held = _fit_window(c_all, self.exclude_below, self.fit_upto)
+        use, held = fit_window(c_all, self.exclude_below, self.fit_upto)
         c, v = c_all[use], v_all[use]
         _check_fit_points(c, v, r0, self.exclude_below, self.fit_upto)
         a_grid, cmid_grid = _search_grids(self.a_grid, self.cmid_grid, c)
@@ -431,7 +431,7 @@ def _start_level(r0: float | None, c_all: np.ndarray, v_all: np.ndarray) -> floa
     return r0
 
 
-def _fit_window(
+def fit_window(
     c_all: np.ndarray, exclude_below: float | None, fit_upto: float | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """The points fitted (compute > 0, within the window) and those held out (above ``fit_upto``)."""

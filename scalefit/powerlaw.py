@@ -18,7 +18,7 @@ import numpy as np
 
 from scalefit.curve import power_law
 from scalefit.errors import FitError
-from scalefit.fit import MIN_POINTS, check_curve, run_labels
+from scalefit.fit import MIN_POINTS, check_curve, fit_window, run_labels
 from scalefit.lm import batched_lm
 from scalefit.model import CurveFit, CurveModel
 
@@ -120,11 +120,7 @@ class PowerLawModel(CurveModel):
     def fit(self, compute, values, runs=None) -> PowerLawModel:
         c_all, v_all = check_curve(compute, values)
         runs_all = np.zeros(len(c_all), dtype=int) if runs is None else run_labels(runs, len(c_all))
-        keep = c_all > 0
-        if self.exclude_below is not None:
-            keep &= c_all >= self.exclude_below
-        held = keep & (c_all > self.fit_upto) if self.fit_upto is not None else np.zeros_like(keep)
-        use = keep & ~held
+        use, held = fit_window(c_all, self.exclude_below, self.fit_upto)
         c, y = c_all[use], v_all[use]
         if len(c) < MIN_POINTS:
             raise FitError(
@@ -132,29 +128,8 @@ class PowerLawModel(CurveModel):
             )
         if c.max() <= c.min() * (1.0 + 1e-9):
             raise FitError(f"every fitted point has the same compute ({c.min():g}): no compute range to fit a curve to")
-        log_c = np.log(c)
         a = POWER_LAW_A_GRID if self.a_grid is None else np.atleast_1d(np.asarray(self.a_grid, float))
-
-        # Start each cell from the straight line log(A - y) = log D - B log C.
-        gap = np.log(np.clip(a[:, None] - y[None, :], 1e-4, None))
-        slope = np.polyfit(log_c, gap.T, 1)
-        theta0 = np.stack([slope[1], np.clip(-slope[0], 1e-3, 10.0)], axis=1)
-        full = _residuals(log_c, y[None, :])
-
-        def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            r, jac = full(np.column_stack([a[rows], theta]), rows)
-            return r, jac[..., 1:]
-
-        lo, hi = np.array([LOG_D_BOUNDS[0], B_BOUNDS[0]]), np.array([LOG_D_BOUNDS[1], B_BOUNDS[1]])
-        theta, sse = batched_lm(residuals, theta0, lo, hi)
-        i = int(np.argmin(sse))
-        A, log_d, B, best = float(a[i]), float(theta[i, 0]), float(theta[i, 1]), float(sse[i])
-        if self.polish_optimum and len(a) > 1:
-            lower = np.array([a.min(), LOG_D_BOUNDS[0], B_BOUNDS[0]])
-            upper = np.array([a.max(), LOG_D_BOUNDS[1], B_BOUNDS[1]])
-            th, p_sse = batched_lm(full, np.array([[A, log_d, B]]), lower, upper, iters=200)
-            if p_sse[0] <= best:
-                (A, log_d, B), best = (float(x) for x in th[0]), float(p_sse[0])
+        i, (A, log_d, B), best = _least_squares(np.log(c), y, a, self.polish_optimum)
         notes = []
         if len(a) > 1 and i in (0, len(a) - 1):
             notes.append(
@@ -182,6 +157,34 @@ class PowerLawModel(CurveModel):
         if self.result_.not_identified:
             self.result_.warnings += self.result_.not_identified
         return self
+
+
+def _least_squares(
+    log_c: np.ndarray, y: np.ndarray, a: np.ndarray, polish_optimum: bool
+) -> tuple[int, tuple[float, float, float], float]:
+    """The least squares power law: (log D, B) fitted at every A of the grid, the best cell (its index),
+    then polished over all three where asked; the index, (A, log D, B) and the sum of squares."""
+    # Start each cell from the straight line log(A - y) = log D - B log C.
+    gap = np.log(np.clip(a[:, None] - y[None, :], 1e-4, None))
+    slope = np.polyfit(log_c, gap.T, 1)
+    theta0 = np.stack([slope[1], np.clip(-slope[0], 1e-3, 10.0)], axis=1)
+    full = _residuals(log_c, y[None, :])
+
+    def residuals(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        r, jac = full(np.column_stack([a[rows], theta]), rows)
+        return r, jac[..., 1:]
+
+    lo, hi = np.array([LOG_D_BOUNDS[0], B_BOUNDS[0]]), np.array([LOG_D_BOUNDS[1], B_BOUNDS[1]])
+    theta, sse = batched_lm(residuals, theta0, lo, hi)
+    i = int(np.argmin(sse))
+    A, log_d, B, best = float(a[i]), float(theta[i, 0]), float(theta[i, 1]), float(sse[i])
+    if polish_optimum and len(a) > 1:
+        lower = np.array([a.min(), LOG_D_BOUNDS[0], B_BOUNDS[0]])
+        upper = np.array([a.max(), LOG_D_BOUNDS[1], B_BOUNDS[1]])
+        th, p_sse = batched_lm(full, np.array([[A, log_d, B]]), lower, upper, iters=200)
+        if p_sse[0] <= best:
+            (A, log_d, B), best = (float(x) for x in th[0]), float(p_sse[0])
+    return i, (A, log_d, B), best
 
 
 def fit_power_law(
