@@ -4,7 +4,8 @@ model that ``generate``s: the base-model build's and, on one or several processe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,19 +51,13 @@ def evaluate(
     if world > 1:
         rows = rows[accelerator.process_index :: world]
         seed += 7919 * accelerator.process_index  # different samples on each process
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     score = REWARDS[reward] if isinstance(reward, str) else reward
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    rng_state = torch.random.get_rng_state()
-    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens)
     sampling |= dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     tally = _Tally()
     t0 = time.perf_counter()
-    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    try:
+    with _sampling_state(model, tokenizer, seed):
         for start in range(0, calls * batch_prompts, batch_prompts):
             chunk = rows[start : start + batch_prompts]
             if not chunk and not sharded:
@@ -75,15 +70,29 @@ def evaluate(
                 continue
             texts = tally.count(tokenizer, out[:, enc["input_ids"].shape[1] :], chunk, samples, score)
             tally.show(prompts_text, chunk, texts[::samples], n_show)
-    finally:
-        tokenizer.padding_side = padding_side
-        torch.random.set_rng_state(rng_state)
-        model.train(was_training)
     sums = tally.sums(len(rows))
     if world > 1:
         sums = accelerator.reduce(torch.tensor(sums, device=accelerator.device), reduction="sum").tolist()
     assert int(sums[-1]) == total_rows, f"evaluated {sums[-1]} of {total_rows} prompts"
     return _rates(sums, samples, time.perf_counter() - t0, tally.shown)
+
+
+@contextmanager
+def _sampling_state(model, tokenizer, seed: int) -> Iterator[None]:
+    """Evaluation mode, left padding and torch's global generator seeded from ``seed`` while sampling;
+    all three restored after, so training goes on as it was (its random stream untouched)."""
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rng_state = torch.random.get_rng_state()
+    torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+    padding_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        yield
+    finally:
+        tokenizer.padding_side = padding_side
+        torch.random.set_rng_state(rng_state)
+        model.train(was_training)
 
 
 @dataclass
