@@ -23,12 +23,13 @@ ABOVE = {
 }
 
 
-def _modules(root: Path = ROOT) -> dict[str, Path]:
-    """Every module of runners by its dotted name (a package by its ``__init__``'s)."""
+def _modules(root: Path = ROOT, packages: tuple[str, ...] = ("runners",)) -> dict[str, Path]:
+    """Every module of ``packages`` by its dotted name (a package by its ``__init__``'s)."""
     out = {}
-    for path in sorted((root / "runners").rglob("*.py")):
-        parts = path.relative_to(root).with_suffix("").parts
-        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
@@ -101,16 +102,6 @@ def test_each_concern_imports_nothing_from_the_concerns_above_it():
 PACKAGES = ("runners", "scalefit", "analysis", "tests")  # the project's own modules
 
 
-def _project_modules(root: Path = ROOT) -> dict[str, Path]:
-    """Every module of the project's packages by its dotted name (a package by its ``__init__``'s)."""
-    out = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
-
-
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -177,7 +168,7 @@ def _private_uses(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
 
 
 def _private_names_used(root: Path = ROOT) -> list[str]:
-    modules = _project_modules(root)
+    modules = _modules(root, PACKAGES)
     return [use for name, path in modules.items() for use in _private_uses(name, path, modules)]
 
 
@@ -221,12 +212,11 @@ FINGERPRINTED = {("runners/task/basemodel.py", "_build")}
 def _function_lengths(root: Path = ROOT) -> list[tuple[str, str, int, int]]:
     """(path, name, first line, lines) of every function and method in runners, scalefit and analysis."""
     out = []
-    for package in ("runners", "scalefit", "analysis"):
-        for path in sorted((root / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    rel = path.relative_to(root).as_posix()
-                    out.append((rel, node.name, node.lineno, node.end_lineno - node.lineno + 1))
+    for path in _modules(root, ("runners", "scalefit", "analysis")).values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                rel = path.relative_to(root).as_posix()
+                out.append((rel, node.name, node.lineno, node.end_lineno - node.lineno + 1))
     return out
 
 
