@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+SIG_DFL = 0  # <signal.h>: a signal's default action
 
 
 def _prctl() -> Callable[..., int] | None:
@@ -33,10 +34,14 @@ def parent_death_preexec(sig: int = signal.SIGKILL, parent: int | None = None) -
     prctl = _prctl()
     if prctl is None:
         return None
+    c_signal = ctypes.CDLL(None, use_errno=True).signal
+    c_signal.argtypes, c_signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
 
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if parent is not None and os.getppid() != parent:
+            # the default action, not a handler the starter installed (a Python one would raise here)
+            c_signal(sig, SIG_DFL)
             os.kill(os.getpid(), sig)
 
     return preexec

@@ -44,6 +44,21 @@ def test_a_child_whose_starter_is_already_gone_dies_at_once():
         child.kill()
 
 
+def test_a_child_whose_starter_is_gone_dies_even_where_the_starter_handles_the_signal():
+    """Seen in make test: a starter with a Python SIGTERM handler (a pytest-xdist worker) got
+    "Exception occurred in preexec_fn": the forked child ran the handler instead of dying."""
+    script = (
+        "import signal, subprocess, sys\n"
+        "from runners.parent_death import parent_death_preexec\n"
+        "def stop(*_): raise SystemExit('handled')\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        f"child = subprocess.Popen({SLEEP!r}, preexec_fn=parent_death_preexec(signal.SIGTERM, parent=1))\n"
+        "print(child.wait(timeout=30))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert res.stdout.strip() == str(-signal.SIGTERM), res.stderr[-2000:]
+
+
 def test_without_the_signal_a_child_outlives_the_thread_that_started_it():
     """The control: the same child started plainly is still running after its thread ended."""
     child = _started_in_a_thread(None)
