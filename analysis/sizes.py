@@ -29,12 +29,13 @@ SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.campaig
 
 
 def scale_curves(curves: pd.DataFrame) -> pd.DataFrame:
-    """``load_curves``' table with each row's size and that size's parameter count."""
+    """``load_curves``' table with each row's size and that size's parameter count, both read from its
+    variant (a ``sizes.csv`` this wrote, refitted, has them already: they are read again, not kept)."""
     size = curves["variant"].astype(str).str.removeprefix(SIZE_PREFIX)
     unknown = sorted(set(size[~size.isin(list(SIZES))]))
     if unknown:
         raise ValueError(f"variant {SIZE_PREFIX}{unknown[0]}: not an embedded size; is this a scale campaign's curves?")
-    out = curves.copy()
+    out = curves.drop(columns=["size", "parameters"], errors="ignore")
     out.insert(1, "size", size)
     out.insert(2, "parameters", size.map(parameter_count))
     return out

@@ -193,3 +193,7 @@ def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_ot
     assert (tmp_path / "fit" / "sizes.png").stat().st_size > 10_000
     record = json.loads((tmp_path / "fit" / "sizes.json").read_text())  # the same forecast, as data
     assert record["size"] == "large" and record["A_interval"][0] <= record["A"] <= record["A_interval"][1]
+    # the published sizes.csv (size and parameter columns added) refits to the same table
+    published = str(tmp_path / "fit" / "sizes.csv")
+    assert main(["fit", "scale-gpu", "--curves", published, "--out", str(tmp_path / "re")]) == 0
+    assert (tmp_path / "re" / "sizes.csv").read_text() == (tmp_path / "fit" / "sizes.csv").read_text()
