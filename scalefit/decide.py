@@ -22,7 +22,7 @@ import numpy as np
 from scipy.special import ndtri  # the normal quantile (scipy.stats.norm.ppf), without scipy.stats
 
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.prediction import Forecast
+from scalefit.prediction import Forecast, knee_up
 from scalefit.uncertainty import central_percentiles
 
 
@@ -81,7 +81,7 @@ def decide_stop(
         for who, fc in (("variant", variant), ("baseline", baseline))
         if fc.verdict is None or not fc.verdict.predictable
     ]
-    if unsure and _robust_stop(out, variant, baseline, v, b, margin, risk):
+    if unsure and _robust_stop(out, variant, baseline, v, b, margin, risk, variant_budget):
         return out
     _plain_call(out, unsure, margin, risk)
     return out
@@ -123,16 +123,25 @@ def _paired_draws(
 
 
 def _robust_stop(
-    out: StopDecision, variant: Forecast, baseline: Forecast, v: np.ndarray, b: np.ndarray, margin: float, risk: float
+    out: StopDecision,
+    variant: Forecast,
+    baseline: Forecast,
+    v: np.ndarray,
+    b: np.ndarray,
+    margin: float,
+    risk: float,
+    budget: float,
 ) -> bool:
-    """Where a fit is not yet predictable only by its error, stop (setting ``out``) if the variant is
-    ruled out even with both predictions moved towards each other by their expected errors."""
+    """Where a fit is not yet predictable only by its band (``Verdict.error_only``), stop (setting
+    ``out``) if the variant is ruled out even with both predictions moved towards each other by their
+    expected errors, the variant's also up by how far its open ceiling lets it rise at ``budget``."""
     if not all(
         fc.verdict is not None and (fc.verdict.predictable or fc.verdict.error_only) for fc in (variant, baseline)
     ):
         return False
     z = float(ndtri(1.0 - risk))
     e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
+    e_v += knee_up(variant, budget)  # a variant still steepening may rise as far as its open ceiling lets it
     robust = float(np.mean(v + e_v >= b - e_b - margin))
     if robust >= risk:
         return False

@@ -25,16 +25,17 @@ every variant comes from one simulated campaign) and ``error_name``.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.model import CurveFit
-from scalefit.slower_or_lower import Separation, knee_from_data, separate
+from scalefit.slower_or_lower import Knee, Separation, knee_from_data, separate
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
@@ -143,9 +144,10 @@ def error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float
 
 @dataclass
 class Verdict:
-    """``predictable`` or not, every reason in numbers. ``error_only``: identified, its only flaw the
-    error against the margin; ``band_only``: that, for a model whose draws are paired across variants
-    (a comparison then reads the paired interval instead)."""
+    """``predictable`` or not, every reason in numbers. ``error_only``: identified, its only flaws a
+    band wider than the margin (the error against it, an open ceiling above: ``knee_up``); ``band_only``:
+    that, for a model whose draws are paired across variants (a comparison then reads the paired
+    interval instead)."""
 
     predictable: bool
     reasons: list[str]
@@ -290,7 +292,7 @@ class Forecast(ABC):
 
         def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = np.percentile(self._curves(c)[1], q, axis=0)
-            return lo, hi
+            return self.open_band(c, lo, hi)
 
         return self._by_columns(compute, len(self.samples), band)
 
@@ -311,7 +313,7 @@ class Forecast(ABC):
 
         def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = np.percentile(self.prediction_draws(c, n_runs), q, axis=0)
-            return lo, hi
+            return self.open_band(c, lo, hi)
 
         return self._by_columns(compute, draws, band)
 
@@ -323,7 +325,21 @@ class Forecast(ABC):
             return np.nan, np.nan
         draws = self.target_draws(computes, n_runs, window)
         lo, hi = np.percentile(draws, central_percentiles(level or self.level))
-        return float(lo), float(hi)
+        c = np.atleast_1d(np.asarray(computes, float))
+        up = float(self.open_band(c, np.zeros(len(c)), np.zeros(len(c)))[1].mean())
+        return float(lo), float(hi + up)
+
+    def open_band(self, compute: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A band ``(lo, hi)`` at ``compute`` raised at its top, past the data of a curve whose data do
+        not show its knee (``knee_range``), to hold how high its open ceiling lets it rise: its draws
+        bound the ceiling by the sigmoid's shape, not by the data (loo-gpu7's lr_quarter, fitted on
+        half its budget, ended 7.5 of its band's standard deviations above it)."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        past = c > float(self.fit.compute.max()) * (1 + 1e-9)
+        if not past.any() or (rng := knee_range(self, float(c[past].max()))) is None:
+            return lo, hi
+        up = np.where(past, np.maximum(rng.fit.predict(c) - self.point(c), 0.0), 0.0)
+        return lo, hi + up
 
     def judge(self, design: CurveFit | None = None) -> Verdict:
         """The verdict: no band, or the model's doubts, then its error against the margin, then
@@ -332,6 +348,8 @@ class Forecast(ABC):
             return Verdict(False, ["no band: " + "; ".join(self.no_band)])
         reasons = self.doubts()
         identified = not reasons
+        knee_doubt = self.knee_doubt()
+        reasons += knee_doubt
         more = [m for m in (self.fit.more_compute(),) if m is not None]
         error, trend = self.error_doubt()
         if error is not None:
@@ -339,9 +357,24 @@ class Forecast(ABC):
         if trend is not None:
             more.append(trend)
         reasons += self.structure_doubts(design)
-        error_only = identified and error is not None and len(reasons) == 1
+        error_only = identified and bool(reasons) and len(reasons) == (error is not None) + len(knee_doubt)
         more_compute = max(more) if more and reasons else None
         return Verdict(not reasons, reasons, more_compute, error_only, error_only and self.paired)
+
+    def knee_doubt(self) -> list[str]:
+        """Past data that do not show their knee (``knee_range``), where the range the open ceiling
+        leaves at the forecast's target (``ratio`` x its data) reaches past the margin: the reason."""
+        at = float(self.fit.compute.max()) * self.ratio
+        rng = knee_range(self, at)
+        if rng is None:
+            return []
+        point = float(self.point([at])[0])
+        if rng.up(point) <= self.margin:
+            return []
+        return [
+            f"its data do not show its knee ({rng.why}): at {self.ratio:.3g}x its data, with a ceiling of "
+            f"{rng.ceiling:.3f}, it may reach {rng.top:.3f}, not {point:.3f}"
+        ]
 
     def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
         """Point prediction and both bands at each compute value (with the observation, if given)."""
@@ -465,13 +498,94 @@ def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list
     return why
 
 
-def past_knee(fc: Forecast) -> bool:
-    """Whether the forecast's fitted points show its knee by the data alone (``knee_from_data``:
-    the runs flatten in log C over the last third of the data), not by the fitted C_mid it tests."""
+def knee(fc: Forecast) -> Knee | None:
+    """The knee test on the forecast's fitted points (``knee_from_data``; None: too few to test)."""
     fit = fc.fit
     runs = None if fit.run_inputs is None or fit.used is None else fit.run_inputs[fit.used]
-    knee = knee_from_data(fit.compute, fit.value, runs)
-    return bool(knee is not None and knee.passed)
+    return knee_from_data(fit.compute, fit.value, runs)
+
+
+def past_knee(fc: Forecast) -> bool:
+    """Whether the forecast's fitted points show its knee by the data alone (``knee_from_data``:
+    the runs flatten in log C over the last doubling of the data), not by the fitted C_mid it tests."""
+    k = knee(fc)
+    return bool(k is not None and k.passed)
+
+
+@dataclass(frozen=True)
+class KneeRange:
+    """How high a curve whose data do not show its knee may rise past them. A sigmoid still
+    steepening has at least the gain ahead that it has made, so its fit's knee, if placed in its data
+    (as one fitted before the knee tends to), can only have come too early: its ceiling is open
+    upwards, up to where a sigmoid with the highest ceiling fitting its data takes it (``top``: its
+    own fit refitted with A at the top of its grid)."""
+
+    top: float
+    ceiling: float  # the A ``top`` was refitted at
+    why: str  # the knee test, in words
+    fit: CurveFit  # the refit with A = ``ceiling``: ``top`` at any compute
+
+    def up(self, point: float) -> float:
+        """How far above ``point`` (the fitted curve there) the curve may end."""
+        return max(self.top - point, 0.0)
+
+
+def knee_range(fc: Forecast, at: float) -> KneeRange | None:
+    """``KneeRange`` of ``fc`` at ``at``; None where its data show their knee (``past_knee``), it
+    has no ceiling (a power law) or ``at`` lies within its data."""
+    if not fc.fit.has_asymptote or not extrapolates(fc, at):
+        return None
+    if "_open_ceiling" not in fc.__dict__:  # the knee test and the refit, once per forecast
+        fc.__dict__["_open_ceiling"] = None if past_knee(fc) else _open_ceiling(fc)
+    rng: KneeRange | None = fc.__dict__["_open_ceiling"]
+    return None if rng is None else replace(rng, top=float(rng.fit.predict(np.array([at]))[0]))
+
+
+def knee_up(fc: Forecast, at: float) -> float:
+    """``KneeRange.up`` of ``fc`` at ``at`` (0 where its data show their knee or ``at`` is within them)."""
+    rng = knee_range(fc, at)
+    return 0.0 if rng is None else rng.up(float(fc.point([at])[0]))
+
+
+def _open_ceiling(fc: Forecast) -> KneeRange:
+    own = fc.own().fit
+    k = knee(fc)
+    top_a = float(np.max(own.a_grid))
+    with warnings.catch_warnings():  # C_mid on its grid's top edge here only raises the bound it gives
+        warnings.simplefilter("ignore", UserWarning)
+        top = own.refit(a_grid=np.array([top_a]))
+    why = k.text() if k is not None else "too few points to test for its knee"
+    return KneeRange(np.nan, top_a, why, top)
+
+
+def knee_bounded(call: Call, variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float) -> Call:
+    """``call``, past the data, where it holds over the whole ``KneeRange`` of each arm whose data do
+    not show its knee (a variant still steepening may yet rise to the baseline; a baseline still
+    steepening may pull away from a variant level with it or ahead), its interval widened to hold
+    that range; else "cannot tell yet" (slower or lower, for a variant behind), saying how far the
+    open arm could go. Draws of a sigmoid fitted before its knee bound its ceiling by the model's
+    shape, not by the data: a rate cut read at half its budget looks like a lower ceiling
+    (loo-gpu7's lr_quarter)."""
+    if call.label not in DECIDED:
+        return call
+    rv, rb = knee_range(variant, at[0]), knee_range(baseline, at[1])
+    if rv is None and rb is None:
+        return call
+    pv, pb = float(variant.point([at[0]])[0]), float(baseline.point([at[1]])[0])
+    lo = min(call.lo, call.delta - (rb.up(pb) if rb else 0.0))
+    hi = max(call.hi, call.delta + (rv.up(pv) if rv else 0.0))
+    side = against_margin(lo, hi, margin)
+    label = {"within": "no difference", None: "cannot tell yet"}.get(side, side)
+    if label == call.label:
+        return Call(call.label, call.delta, lo, hi, call.reason, call.reading)
+    said = [
+        f"the {name}'s data do not show its knee ({r.why}): with a ceiling of {r.ceiling:.3f} it may reach "
+        f"{r.top:.3f}, not {point:.3f}"
+        for name, r, point in (("variant", rv, pv), ("baseline", rb, pb))
+        if r is not None
+    ]
+    why = f"{'; '.join(said)}; Δ then spans [{lo:+.3f}, {hi:+.3f}]; the fits alone say {call.text(margin)}"
+    return withhold(Call(call.label, call.delta, lo, hi, call.reason, call.reading), why, open_ceiling=True)
 
 
 def reading(variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float) -> Separation | None:
@@ -480,7 +594,10 @@ def reading(variant: Forecast, baseline: Forecast, at: tuple[float, float], marg
     pair = (variant, baseline)
     if any(fc.no_band or not fc.fit.has_asymptote or "C_mid" not in fc.fit.sample_names for fc in pair):
         return None
-    return separate(variant, baseline, at[0], at[1], margin=margin)
+    sep = separate(variant, baseline, at[0], at[1], margin=margin)
+    if sep is None or (past_knee(variant) and past_knee(baseline)):
+        return sep
+    return replace(sep, ceiling_open=True)  # a ceiling its data have not bent towards is the model's guess
 
 
 def withhold(call: Call, why: str, open_ceiling: bool = False) -> Call:
@@ -582,4 +699,4 @@ def call_difference(
     if call.label == "cannot tell yet":  # the interval straddles a margin: slower or lower, where the reading says
         withheld = withhold(call, f"Δ {call.delta:+.3f} [{call.lo:+.3f}, {call.hi:+.3f}] straddles ±{margin:g}")
         return withheld if withheld.reason.startswith(tuple(UNSEPARATED.values())) else call
-    return backed(call, variant, baseline, at, margin, level)
+    return knee_bounded(backed(call, variant, baseline, at, margin, level), variant, baseline, at, margin)

@@ -6,8 +6,10 @@ baseline early and ends level with it; read at half the budget it looks like a l
 curves that have not passed their knee, A and (C_mid, B) trade off, and the fit picks one reading.
 
 - ``knee_from_data``: has a curve passed its knee, from the data alone (the slope of the runs'
-  values against log C over the last third of the fitted range against the middle third; a sigmoid
-  in log C steepens until C_mid, then flattens). It does not use the fitted C_mid it is meant to check.
+  values against log C over the last doubling of compute against the doubling before it, or over
+  the last two thirds of the fitted range when it spans less than 8x; a sigmoid in log C steepens
+  until C_mid, then flattens). It does not use the fitted C_mid it is meant to check, and it reads
+  the end of the data only: where the first evaluation sits does not move it.
 - ``separate``: from two forecasts' parameter draws, the ceiling difference ΔA, the efficiency ratio
   (the compute the variant needs to reach the share of its own gain that the baseline reaches at
   a budget, over the baseline's: C_mid and B, not A), the difference at the budget under the
@@ -29,6 +31,7 @@ from scalefit.curve import sigmoid
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
+KNEE_WINDOW = float(np.log(2.0))  # the knee test's windows in log C: at most one doubling of compute each
 SEPARATION_REACH = 1000.0  # the furthest multiple of the budget a separating compute is looked for at
 LEVEL_SHARE = 0.9  # an efficiency is read at most this far from R0 to the lower of the two ceilings
 LATER_FACTOR = 1.25  # an efficiency ratio beyond this (or below its inverse) is called slower (faster)
@@ -36,8 +39,9 @@ LATER_FACTOR = 1.25  # an efficiency ratio beyond this (or below its inverse) is
 
 @dataclass(frozen=True)
 class Knee:
-    """The knee test from the data: slopes of value against ln C over the middle and last thirds of
-    the fitted range (in log C), each the mean of the runs' own slopes, with its standard error."""
+    """The knee test from the data: slopes of value against ln C over the last window of the fitted
+    range and the window before it (``knee_from_data``), each the mean of the runs' own slopes, with
+    its standard error. ``slope_middle`` is the earlier window's."""
 
     slope_middle: float
     slope_last: float
@@ -52,8 +56,8 @@ class Knee:
     def text(self) -> str:
         state = "past its knee" if self.passed else "not past its knee (still rising as fast or faster)"
         return (
-            f"{state} by the data: slope {self.slope_last:.3f} per e-fold of compute over the last third"
-            f" of its data, {self.slope_middle:.3f} over the middle third"
+            f"{state} by the data: slope {self.slope_last:.3f} per e-fold of compute over the last window"
+            f" of its data, {self.slope_middle:.3f} over the window before"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,8 +75,10 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def knee_from_data(compute, value, runs=None) -> Knee | None:
-    """The knee test on fitted points (``runs``: each point's run label; one run when omitted).
-    Zero compute is left out (no log). None with fewer than two points in a third of any run."""
+    """The knee test on fitted points (``runs``: each point's run label; one run when omitted): the
+    last two windows of the range in log C, each one doubling of compute (``KNEE_WINDOW``) or a third
+    of the range where it spans less than three doublings. Zero compute is left out (no log). None
+    with fewer than two points in a window of every run."""
     c, y = np.asarray(compute, float), np.asarray(value, float)
     r = np.zeros(len(c), int) if runs is None else np.asarray(runs)
     keep = c > 0
@@ -81,12 +87,13 @@ def knee_from_data(compute, value, runs=None) -> Knee | None:
         return None
     x = np.log(c)
     lo, hi = x.min(), x.max()
-    mid_third = (x >= lo + (hi - lo) / 3) & (x < lo + 2 * (hi - lo) / 3)
-    last_third = x >= lo + 2 * (hi - lo) / 3
+    width = min((hi - lo) / 3, KNEE_WINDOW)
+    earlier = (x >= hi - 2 * width) & (x < hi - width)
+    last = x >= hi - width
     pairs = []
     for run in np.unique(r):
         m = r == run
-        s_mid, s_last = _slope(x[m & mid_third], y[m & mid_third]), _slope(x[m & last_third], y[m & last_third])
+        s_mid, s_last = _slope(x[m & earlier], y[m & earlier]), _slope(x[m & last], y[m & last])
         if np.isfinite(s_mid) and np.isfinite(s_last):
             pairs.append((s_mid, s_last))
     if not pairs:
@@ -95,7 +102,7 @@ def knee_from_data(compute, value, runs=None) -> Knee | None:
     if len(pairs) >= 2:
         se = float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs)))
     else:  # one run: the residual scatter about each third's line
-        se = _one_run_se(x, y, mid_third, last_third)
+        se = _one_run_se(x, y, earlier, last)
     return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs))
 
 
@@ -142,7 +149,7 @@ class Separation:
     @property
     def efficiency(self) -> str:
         """slower | faster | same | cannot tell (by the compute to reach ``share`` of its own gain,
-    against the baseline's: C_mid and B, not A)"""
+        against the baseline's: C_mid and B, not A)"""
         lo, hi = self.later_interval
         if lo > LATER_FACTOR:
             return "slower"
