@@ -407,6 +407,11 @@ class PooledForecast(Forecast):
             f"campaign, need {MIN_BACKTESTS})"
         ]
 
+    def own_fit(self) -> SigmoidFit:
+        """The variant's ``unpooled`` fit (no campaign prior on B); its fit where nothing was pooled."""
+        fit = self.fit
+        return fit if fit.prior is None or fit.unpooled is None else fit.unpooled
+
     def own(self) -> Forecast:
         """The variant's forecast from its own data alone (its ``unpooled`` fit: no campaign prior on
         B, so B's uncertainty is as wide as its seeds leave it); itself where nothing was pooled.

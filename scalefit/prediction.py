@@ -254,6 +254,10 @@ class Forecast(ABC):
         """The forecast from this variant's own data alone (itself unless it borrowed from others)."""
         return self
 
+    def own_fit(self) -> CurveFit:
+        """The fit to this variant's own data alone (``own().fit``, without resampling it)."""
+        return self.fit
+
     def b_tie(self, candidate: Forecast, b_candidate: float) -> str | None:
         """How this (the baseline's) uncertainty cannot tell ``b_candidate`` (the candidate's B at the
         shared A) from its B, as a clause of the LOO verdict; None when it can."""
@@ -548,7 +552,7 @@ def knee_up(fc: Forecast, at: float) -> float:
 
 
 def _open_ceiling(fc: Forecast) -> KneeRange:
-    own = fc.own().fit
+    own = fc.own_fit()
     k = knee(fc)
     top_a = float(np.max(own.a_grid))
     with warnings.catch_warnings():  # C_mid on its grid's top edge here only raises the bound it gives
