@@ -335,7 +335,8 @@ class Forecast(ABC):
 
     def open_band(self, compute: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A band ``(lo, hi)`` at ``compute`` raised at its top, past the data of a curve whose data do
-        not show its knee (``knee_range``), to hold how high its open ceiling lets it rise: its draws
+        not show its knee (``knee_range``), by how far its open ceiling lets it rise (``KneeRange.up``:
+        the band of the curve refitted with A at the grid's top, the draws' spread kept): its draws
         bound the ceiling by the sigmoid's shape, not by the data (loo-gpu7's lr_quarter, fitted on
         half its budget, ended 7.5 of its band's standard deviations above it)."""
         c = np.atleast_1d(np.asarray(compute, float))
@@ -565,8 +566,9 @@ def _open_ceiling(fc: Forecast) -> KneeRange:
 def knee_bounded(call: Call, variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float) -> Call:
     """``call``, past the data, where it holds over the whole ``KneeRange`` of each arm whose data do
     not show its knee (a variant still steepening may yet rise to the baseline; a baseline still
-    steepening may pull away from a variant level with it or ahead), its interval widened to hold
-    that range; else "cannot tell yet" (slower or lower, for a variant behind), saying how far the
+    steepening may pull away from a variant level with it or ahead), its interval's end moved by
+    that rise as the bands' are (``Forecast.open_band``); else "cannot tell yet" (slower or lower,
+    for a variant behind), saying how far the
     open arm could go. Draws of a sigmoid fitted before its knee bound its ceiling by the model's
     shape, not by the data: a rate cut read at half its budget looks like a lower ceiling
     (loo-gpu7's lr_quarter)."""
@@ -576,8 +578,8 @@ def knee_bounded(call: Call, variant: Forecast, baseline: Forecast, at: tuple[fl
     if rv is None and rb is None:
         return call
     pv, pb = float(variant.point([at[0]])[0]), float(baseline.point([at[1]])[0])
-    lo = min(call.lo, call.delta - (rb.up(pb) if rb else 0.0))
-    hi = max(call.hi, call.delta + (rv.up(pv) if rv else 0.0))
+    lo = call.lo - (rb.up(pb) if rb else 0.0)  # as the bands: the draws moved up by the rise (``open_band``)
+    hi = call.hi + (rv.up(pv) if rv else 0.0)
     side = against_margin(lo, hi, margin)
     label = {"within": "no difference", None: "cannot tell yet"}.get(side, side)
     if label == call.label:

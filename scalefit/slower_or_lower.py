@@ -8,8 +8,9 @@ curves that have not passed their knee, A and (C_mid, B) trade off, and the fit 
 - ``knee_from_data``: has a curve passed its knee, from the data alone (the slope of the runs'
   values against log C over the last doubling of compute against the doubling before it, or over
   the last two thirds of the fitted range when it spans less than 8x; a sigmoid in log C steepens
-  until C_mid, then flattens). It does not use the fitted C_mid it is meant to check, and it reads
-  the end of the data only: where the first evaluation sits does not move it.
+  until C_mid, then flattens), or a plateau (rising over its last doubling by under a tenth of the
+  gain it has made). It does not use the fitted C_mid it is meant to check; over 8x or more of
+  compute it reads the end of the data only, so where the first evaluation sits does not move it.
 - ``separate``: from two forecasts' parameter draws, the ceiling difference ΔA, the efficiency ratio
   (the compute the variant needs to reach the share of its own gain that the baseline reaches at
   a budget, over the baseline's: C_mid and B, not A), the difference at the budget under the
@@ -32,6 +33,9 @@ from scalefit.uncertainty import central_percentiles, interval_holding
 
 KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
 KNEE_WINDOW = float(np.log(2.0))  # the knee test's windows in log C: at most one doubling of compute each
+# a curve rising by less than this share of the gain it has made, over its last doubling, is on its
+# plateau: past its knee (a sigmoid in log C, B 2, from 3.6x C_mid on; one not yet risen is not flat)
+FLAT_SHARE = 0.1
 SEPARATION_REACH = 1000.0  # the furthest multiple of the budget a separating compute is looked for at
 LEVEL_SHARE = 0.9  # an efficiency is read at most this far from R0 to the lower of the two ceilings
 LATER_FACTOR = 1.25  # an efficiency ratio beyond this (or below its inverse) is called slower (faster)
@@ -47,14 +51,22 @@ class Knee:
     slope_last: float
     se: float  # standard error of slope_last - slope_middle
     runs: int
+    gain: float = 0.0  # the runs' mean over the last window less their mean at zero compute (else over
+    # the first window as wide)
+
+    @property
+    def flat(self) -> bool:
+        """Rising over the last doubling by less than ``FLAT_SHARE`` of the gain made: a plateau."""
+        return bool(self.gain > 0 and self.slope_last * KNEE_WINDOW < FLAT_SHARE * self.gain)
 
     @property
     def passed(self) -> bool:
-        """Flattening beyond noise: the data show the knee, whatever a fit says."""
-        return bool(self.slope_last < self.slope_middle - KNEE_Z * self.se)
+        """Flattening beyond noise, or flat: the data show the knee, whatever a fit says."""
+        return bool(self.slope_last < self.slope_middle - KNEE_Z * self.se or self.flat)
 
     def text(self) -> str:
         state = "past its knee" if self.passed else "not past its knee (still rising as fast or faster)"
+        state = "past its knee (flat)" if self.flat else state
         return (
             f"{state} by the data: slope {self.slope_last:.3f} per e-fold of compute over the last window"
             f" of its data, {self.slope_middle:.3f} over the window before"
@@ -66,6 +78,7 @@ class Knee:
             "slope_middle": self.slope_middle,
             "slope_last": self.slope_last,
             "se": self.se,
+            "gain": self.gain,
             "runs": self.runs,
         }
 
@@ -77,11 +90,13 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
 def knee_from_data(compute, value, runs=None) -> Knee | None:
     """The knee test on fitted points (``runs``: each point's run label; one run when omitted): the
     last two windows of the range in log C, each one doubling of compute (``KNEE_WINDOW``) or a third
-    of the range where it spans less than three doublings. Zero compute is left out (no log). None
-    with fewer than two points in a window of every run."""
+    of the range where it spans less than three doublings. Zero compute is left out of the slopes
+    (no log); it gives the level the gain is counted from. None with fewer than two points in a
+    window of every run."""
     c, y = np.asarray(compute, float), np.asarray(value, float)
     r = np.zeros(len(c), int) if runs is None else np.asarray(runs)
     keep = c > 0
+    start = float(y[~keep].mean()) if (~keep).any() else None  # the level before any training, where measured
     c, y, r = c[keep], y[keep], r[keep]
     if len(c) < 4:
         return None
@@ -101,13 +116,14 @@ def knee_from_data(compute, value, runs=None) -> Knee | None:
     mids, lasts = np.array(pairs).T
     if len(pairs) >= 2:
         se = float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs)))
-    else:  # one run: the residual scatter about each third's line
+    else:  # one run: the residual scatter about each window's line
         se = _one_run_se(x, y, earlier, last)
-    return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs))
+    gain = float(y[last].mean() - (y[x <= lo + width].mean() if start is None else start))
+    return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs), gain)
 
 
 def _one_run_se(x: np.ndarray, y: np.ndarray, *thirds: np.ndarray) -> float:
-    """Standard error of the difference of two OLS slopes, each over one third of one run."""
+    """Standard error of the difference of two OLS slopes, each over one window of one run."""
     var = 0.0
     for m in thirds:
         xs, ys = x[m], y[m]

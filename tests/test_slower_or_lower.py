@@ -30,6 +30,22 @@ def test_the_knee_is_read_from_the_data_not_from_a_fit():
     assert "not past its knee" in before.text() and "past its knee" in after.text()
 
 
+def test_a_plateau_is_past_its_knee():
+    """Far past C_mid both windows are flat: no deceleration between them, yet the curve has shown
+    its ceiling. Read as still steepening, its ceiling would be opened to the grid's top. A curve
+    that has not yet risen is not a plateau."""
+    k = knee_from_data(*_curve(c_max=40 * CM))
+    assert k is not None and k.flat and k.passed, k
+    assert "past its knee (flat)" in k.text()
+    c, y, runs = _curve(c_max=100 * CM)  # every point on the plateau: the gain counts from zero compute
+    k = knee_from_data(np.r_[np.zeros(4), c], np.r_[np.full(4, 0.3), y], np.r_[np.arange(4), runs])
+    assert k is not None and k.flat and k.passed, k
+    rising = knee_from_data(*_curve(c_max=0.8 * CM))
+    assert not rising.flat and not rising.passed
+    before = knee_from_data(*_curve(c_max=0.1 * CM))  # barely risen: flat, but no plateau
+    assert not before.flat and not before.passed, before
+
+
 def test_one_run_gets_a_knee_test_with_its_own_scatter():
     c, y, _ = _curve(c_max=20 * CM, seeds=1)
     k = knee_from_data(c, y)
