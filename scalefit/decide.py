@@ -22,7 +22,7 @@ import numpy as np
 from scipy.special import ndtri  # the normal quantile (scipy.stats.norm.ppf), without scipy.stats
 
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.prediction import Forecast, knee_up
+from scalefit.prediction import Forecast
 from scalefit.uncertainty import central_percentiles
 
 
@@ -141,7 +141,7 @@ def _robust_stop(
         return False
     z = float(ndtri(1.0 - risk))
     e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
-    e_v += knee_up(variant, budget)  # a variant still steepening may rise as far as its open ceiling lets it
+    e_v += float(variant.open_rise([budget])[0])  # a variant still steepening may rise as its open ceiling lets it
     robust = float(np.mean(v + e_v >= b - e_b - margin))
     if robust >= risk:
         return False

@@ -29,6 +29,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -145,7 +146,7 @@ def error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float
 @dataclass
 class Verdict:
     """``predictable`` or not, every reason in numbers. ``error_only``: identified, its only flaws a
-    band wider than the margin (the error against it, an open ceiling above: ``knee_up``); ``band_only``:
+    band wider than the margin (the error against it, an open ceiling above: ``open_rise``); ``band_only``:
     that, for a model whose draws are paired across variants (a comparison then reads the paired
     interval instead)."""
 
@@ -296,7 +297,7 @@ class Forecast(ABC):
 
         def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = np.percentile(self._curves(c)[1], q, axis=0)
-            return self.open_band(c, lo, hi)
+            return lo, hi + self.open_rise(c)
 
         return self._by_columns(compute, len(self.samples), band)
 
@@ -317,7 +318,7 @@ class Forecast(ABC):
 
         def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             lo, hi = np.percentile(self.prediction_draws(c, n_runs), q, axis=0)
-            return self.open_band(c, lo, hi)
+            return lo, hi + self.open_rise(c)
 
         return self._by_columns(compute, draws, band)
 
@@ -329,22 +330,33 @@ class Forecast(ABC):
             return np.nan, np.nan
         draws = self.target_draws(computes, n_runs, window)
         lo, hi = np.percentile(draws, central_percentiles(level or self.level))
-        c = np.atleast_1d(np.asarray(computes, float))
-        up = float(self.open_band(c, np.zeros(len(c)), np.zeros(len(c)))[1].mean())
-        return float(lo), float(hi + up)
+        return float(lo), float(hi + self.open_rise(computes).mean())
 
-    def open_band(self, compute: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A band ``(lo, hi)`` at ``compute`` raised at its top, past the data of a curve whose data do
-        not show its knee (``knee_range``), by how far its open ceiling lets it rise (``KneeRange.up``:
-        the band of the curve refitted with A at the grid's top, the draws' spread kept): its draws
-        bound the ceiling by the sigmoid's shape, not by the data (loo-gpu7's lr_quarter, fitted on
-        half its budget, ended 7.5 of its band's standard deviations above it)."""
+    @cached_property
+    def open_ceiling(self) -> OpenCeiling | None:
+        """The ceiling left open by data that do not show their knee (``past_knee``); None where they
+        do or the curve has no ceiling (a power law). Read once: the knee test and one refit."""
+        if not self.fit.has_asymptote or past_knee(self):
+            return None
+        own = self.own_fit()
+        top_a = float(np.max(own.a_grid))
+        with warnings.catch_warnings():  # C_mid on its grid's top edge here only raises the bound it gives
+            warnings.simplefilter("ignore", UserWarning)
+            top = own.refit(a_grid=np.array([top_a]))
+        k = knee(self)
+        return OpenCeiling(top, top_a, k.text() if k is not None else "too few points to test for its knee")
+
+    def open_rise(self, compute) -> np.ndarray:
+        """How far above the fitted curve at each compute an open ceiling (``open_ceiling``) lets the
+        curve rise past its data (0 within them, or where the data show the knee): the bands' upper
+        edges and a call's interval move up by it, the draws' spread kept. Its draws bound the
+        ceiling by the sigmoid's shape, not by the data (loo-gpu7's lr_quarter, fitted on half its
+        budget, ended 7.5 of its band's standard deviations above it)."""
         c = np.atleast_1d(np.asarray(compute, float))
         past = c > float(self.fit.compute.max()) * (1 + 1e-9)
-        if not past.any() or (rng := knee_range(self, float(c[past].max()))) is None:
-            return lo, hi
-        up = np.where(past, np.maximum(rng.fit.predict(c) - self.point(c), 0.0), 0.0)
-        return lo, hi + up
+        if not past.any() or self.open_ceiling is None:
+            return np.zeros(len(c))
+        return np.where(past, np.maximum(self.open_ceiling.top(c) - self.point(c), 0.0), 0.0)
 
     def judge(self, design: CurveFit | None = None) -> Verdict:
         """The verdict: no band, or the model's doubts, then its error against the margin, then
@@ -367,19 +379,13 @@ class Forecast(ABC):
         return Verdict(not reasons, reasons, more_compute, error_only, error_only and self.paired)
 
     def knee_doubt(self) -> list[str]:
-        """Past data that do not show their knee (``knee_range``), where the range the open ceiling
-        leaves at the forecast's target (``ratio`` x its data) reaches past the margin: the reason."""
+        """Past data that do not show their knee, where the open ceiling's rise (``open_rise``) at the
+        forecast's target (``ratio`` x its data) passes the margin: the reason."""
         at = float(self.fit.compute.max()) * self.ratio
-        rng = knee_range(self, at)
-        if rng is None:
+        if self.open_rise([at])[0] <= self.margin:
             return []
-        point = float(self.point([at])[0])
-        if rng.up(point) <= self.margin:
-            return []
-        return [
-            f"its data do not show its knee ({rng.why}): at {self.ratio:.3g}x its data, with a ceiling of "
-            f"{rng.ceiling:.3f}, it may reach {rng.top:.3f}, not {point:.3f}"
-        ]
+        oc = self.open_ceiling
+        return [f"its data do not show its knee ({oc.why}): at {self.ratio:.3g}x its data, {oc.text(self, at)}"]
 
     def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
         """Point prediction and both bands at each compute value (with the observation, if given)."""
@@ -518,77 +524,48 @@ def past_knee(fc: Forecast) -> bool:
 
 
 @dataclass(frozen=True)
-class KneeRange:
+class OpenCeiling:
     """How high a curve whose data do not show its knee may rise past them. A sigmoid still
     steepening has at least the gain ahead that it has made, so its fit's knee, if placed in its data
     (as one fitted before the knee tends to), can only have come too early: its ceiling is open
-    upwards, up to where a sigmoid with the highest ceiling fitting its data takes it (``top``: its
+    upwards, up to where a sigmoid with the highest ceiling fitting its data takes it (``fit``: its
     own fit refitted with A at the top of its grid)."""
 
-    top: float
-    ceiling: float  # the A ``top`` was refitted at
+    fit: CurveFit
+    ceiling: float  # the A ``fit`` was refitted at
     why: str  # the knee test, in words
-    fit: CurveFit  # the refit with A = ``ceiling``: ``top`` at any compute
 
-    def up(self, point: float) -> float:
-        """How far above ``point`` (the fitted curve there) the curve may end."""
-        return max(self.top - point, 0.0)
+    def top(self, compute) -> np.ndarray:
+        return self.fit.predict(np.atleast_1d(np.asarray(compute, float)))
 
-
-def knee_range(fc: Forecast, at: float) -> KneeRange | None:
-    """``KneeRange`` of ``fc`` at ``at``; None where its data show their knee (``past_knee``), it
-    has no ceiling (a power law) or ``at`` lies within its data."""
-    if not fc.fit.has_asymptote or not extrapolates(fc, at):
-        return None
-    if "_open_ceiling" not in fc.__dict__:  # the knee test and the refit, once per forecast
-        fc.__dict__["_open_ceiling"] = None if past_knee(fc) else _open_ceiling(fc)
-    rng: KneeRange | None = fc.__dict__["_open_ceiling"]
-    return None if rng is None else replace(rng, top=float(rng.fit.predict(np.array([at]))[0]))
-
-
-def knee_up(fc: Forecast, at: float) -> float:
-    """``KneeRange.up`` of ``fc`` at ``at`` (0 where its data show their knee or ``at`` is within them)."""
-    rng = knee_range(fc, at)
-    return 0.0 if rng is None else rng.up(float(fc.point([at])[0]))
-
-
-def _open_ceiling(fc: Forecast) -> KneeRange:
-    own = fc.own_fit()
-    k = knee(fc)
-    top_a = float(np.max(own.a_grid))
-    with warnings.catch_warnings():  # C_mid on its grid's top edge here only raises the bound it gives
-        warnings.simplefilter("ignore", UserWarning)
-        top = own.refit(a_grid=np.array([top_a]))
-    why = k.text() if k is not None else "too few points to test for its knee"
-    return KneeRange(np.nan, top_a, why, top)
+    def text(self, fc: Forecast, at: float) -> str:
+        """What the open ceiling allows ``fc`` at ``at``."""
+        top, point = float(self.top(at)[0]), float(fc.point([at])[0])
+        return f"with a ceiling of {self.ceiling:.3f} it may reach {top:.3f}, not {point:.3f}"
 
 
 def knee_bounded(call: Call, variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float) -> Call:
-    """``call``, past the data, where it holds over the whole ``KneeRange`` of each arm whose data do
-    not show its knee (a variant still steepening may yet rise to the baseline; a baseline still
-    steepening may pull away from a variant level with it or ahead), its interval's end moved by
-    that rise as the bands' are (``Forecast.open_band``); else "cannot tell yet" (slower or lower,
-    for a variant behind), saying how far the
-    open arm could go. Draws of a sigmoid fitted before its knee bound its ceiling by the model's
-    shape, not by the data: a rate cut read at half its budget looks like a lower ceiling
-    (loo-gpu7's lr_quarter)."""
+    """``call``, past the data, where it still holds with each arm whose data do not show its knee
+    risen as far as its open ceiling lets it (a variant still steepening may yet rise to the
+    baseline; a baseline still steepening may pull away from a variant level with it or ahead): its
+    interval's end moved by that rise (``Forecast.open_rise``), as the bands' are; else "cannot tell
+    yet" (slower or lower, for a variant behind), saying how far the open arm could go. Draws of a
+    sigmoid fitted before its knee bound its ceiling by the model's shape, not by the data: a rate
+    cut read at half its budget looks like a lower ceiling (loo-gpu7's lr_quarter)."""
     if call.label not in DECIDED:
         return call
-    rv, rb = knee_range(variant, at[0]), knee_range(baseline, at[1])
-    if rv is None and rb is None:
+    rise_v, rise_b = float(variant.open_rise([at[0]])[0]), float(baseline.open_rise([at[1]])[0])
+    if rise_v == rise_b == 0.0:
         return call
-    pv, pb = float(variant.point([at[0]])[0]), float(baseline.point([at[1]])[0])
-    lo = call.lo - (rb.up(pb) if rb else 0.0)  # as the bands: the draws moved up by the rise (``open_band``)
-    hi = call.hi + (rv.up(pv) if rv else 0.0)
+    lo, hi = call.lo - rise_b, call.hi + rise_v
     side = against_margin(lo, hi, margin)
     label = {"within": "no difference", None: "cannot tell yet"}.get(side, side)
     if label == call.label:
         return Call(call.label, call.delta, lo, hi, call.reason, call.reading)
     said = [
-        f"the {name}'s data do not show its knee ({r.why}): with a ceiling of {r.ceiling:.3f} it may reach "
-        f"{r.top:.3f}, not {point:.3f}"
-        for name, r, point in (("variant", rv, pv), ("baseline", rb, pb))
-        if r is not None
+        f"the {name}'s data do not show its knee ({fc.open_ceiling.why}): {fc.open_ceiling.text(fc, c)}"
+        for name, fc, c, rise in (("variant", variant, at[0], rise_v), ("baseline", baseline, at[1], rise_b))
+        if rise > 0
     ]
     why = f"{'; '.join(said)}; Δ then spans [{lo:+.3f}, {hi:+.3f}]; the fits alone say {call.text(margin)}"
     return withhold(Call(call.label, call.delta, lo, hi, call.reason, call.reading), why, open_ceiling=True)

@@ -270,7 +270,7 @@ def test_a_rate_cut_read_before_its_knee_is_not_read_as_a_lower_ceiling(loo_gpu7
     rising faster, its full fit's A 0.92. Its ceiling is not told; the call may stand only over the
     whole range its open ceiling allows (up to 0.679 at the budget with A = 1), and its interval
     holds that range. length=penalty, past its knee, is still called better."""
-    from scalefit.prediction import call_difference, knee_range, past_knee
+    from scalefit.prediction import call_difference, past_knee
 
     half, settings = loo_gpu7_half
     base, quarter = half.forecasts["baseline"], half.forecasts["control=lr_quarter"]
@@ -278,7 +278,7 @@ def test_a_rate_cut_read_before_its_knee_is_not_read_as_a_lower_ceiling(loo_gpu7
     assert not past_knee(quarter)
     call = call_difference(quarter, base, budget, margin=settings.margin)
     assert call.reading is not None and call.reading.ceiling == "cannot tell", call.reading.text()
-    top = knee_range(quarter, budget).top
+    top = float(quarter.open_ceiling.top(budget)[0])
     assert call.hi >= top - float(base.point([budget])[0]) - 1e-9, (call, top)
     assert call.label in ("worse", "cannot tell yet")
     gain = call_difference(half.forecasts["length=penalty"], base, budget, margin=settings.margin)
