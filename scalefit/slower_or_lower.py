@@ -65,8 +65,10 @@ class Knee:
         return bool(self.slope_last < self.slope_middle - KNEE_Z * self.se or self.flat)
 
     def text(self) -> str:
-        state = "past its knee" if self.passed else "not past its knee (still rising as fast or faster)"
-        state = "past its knee (flat)" if self.flat else state
+        if self.flat:
+            state = "past its knee (flat)"
+        else:
+            state = "past its knee" if self.passed else "not past its knee (still rising as fast or faster)"
         return (
             f"{state} by the data: slope {self.slope_last:.3f} per e-fold of compute over the last window"
             f" of its data, {self.slope_middle:.3f} over the window before"
