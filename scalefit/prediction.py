@@ -510,10 +510,12 @@ def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list
 
 
 def knee(fc: Forecast) -> Knee | None:
-    """The knee test on the forecast's fitted points (``knee_from_data``; None: too few to test)."""
+    """The knee test on the forecast's fitted points, the gain counted from its R0 (``knee_from_data``;
+    None: too few to test). The fitted points hold no zero compute: without R0 the gain would be
+    counted from the first evaluation, and a curve that rose before it would never read flat."""
     fit = fc.fit
     runs = None if fit.run_inputs is None or fit.used is None else fit.run_inputs[fit.used]
-    return knee_from_data(fit.compute, fit.value, runs)
+    return knee_from_data(fit.compute, fit.value, runs, start=fit.R0)
 
 
 def past_knee(fc: Forecast) -> bool:

@@ -89,16 +89,18 @@ def _slope(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.polyfit(x, y, 1)[0]) if len(x) >= 2 and np.ptp(x) > 0 else np.nan
 
 
-def knee_from_data(compute, value, runs=None) -> Knee | None:
+def knee_from_data(compute, value, runs=None, start: float | None = None) -> Knee | None:
     """The knee test on fitted points (``runs``: each point's run label; one run when omitted): the
     last two windows of the range in log C, each one doubling of compute (``KNEE_WINDOW``) or a third
-    of the range where it spans less than three doublings. Zero compute is left out of the slopes
-    (no log); it gives the level the gain is counted from. None with fewer than two points in a
-    window of every run."""
+    of the range where it spans less than three doublings. The gain is counted from ``start``, the
+    level before any training (a fit's R0), else from the points at zero compute, else from the
+    first window; zero compute is left out of the slopes (no log). None with fewer than two points
+    in a window of every run."""
     c, y = np.asarray(compute, float), np.asarray(value, float)
     r = np.zeros(len(c), int) if runs is None else np.asarray(runs)
     keep = c > 0
-    start = float(y[~keep].mean()) if (~keep).any() else None  # the level before any training, where measured
+    if start is None and (~keep).any():
+        start = float(y[~keep].mean())
     c, y, r = c[keep], y[keep], r[keep]
     if len(c) < 4:
         return None

@@ -308,3 +308,41 @@ def test_a_ceiling_the_data_have_not_bent_towards_decides_no_asymptote_verdict()
     )
     assert c.rule == "undecided" and "steepening's ceiling is not told by its data" in c.verdict, c.verdict
     assert "baseline's ceiling" not in c.verdict, c.verdict
+
+
+def test_a_forecast_counts_its_plateau_s_gain_from_r0_not_from_its_first_evaluation():
+    """A forecast's fitted points hold no zero compute, so the knee test read through a forecast
+    counted the gain from its first evaluation: a curve that had risen before it (the default CPU
+    campaign's, 0.69 -> 0.83 in its first 30 of 200 steps) then crept on had a small "gain" and never
+    read as a plateau, and its asymptote verdict said it could not decide. The gain counts from R0."""
+    from scalefit.fit import fit_sigmoid
+    from scalefit.forecast import forecast
+    from scalefit.prediction import knee, past_knee
+
+    c, y, runs = _curve(c_max=100 * CM)  # every fitted point on the plateau, R0 0.3 measured at zero compute
+    c, y, runs = np.r_[np.zeros(4), c], np.r_[np.full(4, 0.3), y], np.r_[np.arange(4), runs]
+    fc = forecast(fit_sigmoid(c, y, runs=runs, a_grid=np.arange(0.05, 1.0, 0.005)), n_resamples=100)
+    k = knee(fc)
+    assert fc.fit.compute.min() > 0 and abs(fc.fit.R0 - 0.3) < 1e-9
+    assert k is not None and abs(k.gain - (y[c > 0][-20:].mean() - 0.3)) < 0.01, k
+    assert k.flat and past_knee(fc), k
+
+
+def test_the_default_campaign_decides_its_axis_on_its_recorded_curves(tmp_path):
+    """The default `make ablation` (results/loo-cpu: baseline and zero_variance=off on two seeds each,
+    a fresh clone on a 2-core AMD EPYC) fitted as `analysis fit --curves` fits it: the baseline is
+    identified off its grid's edges and the axis is decided, "no measurable difference"."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from tests.conftest import run_in_process
+
+    root = Path(__file__).resolve().parents[1]
+    res = run_in_process(
+        "analysis", "fit", "loo-cpu", "--curves", str(root / "results/loo-cpu/curves.csv"), "--out", str(tmp_path)
+    )
+    assert res.returncode == 0, res.stderr
+    t = pd.read_csv(tmp_path / "loo_table.csv").set_index("variant")
+    assert t.loc["zero_variance=off", "verdict"].startswith("no measurable difference"), t.loc["zero_variance=off"]
+    assert not t.loc["baseline", "a_at_edge"] and t.loc["baseline", "A_hi"] < 1.0 - 1e-9, t.loc["baseline"]
