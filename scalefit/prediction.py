@@ -515,7 +515,7 @@ def knee(fc: Forecast) -> Knee | None:
     counted from the first evaluation, and a curve that rose before it would never read flat."""
     fit = fc.fit
     runs = None if fit.run_inputs is None or fit.used is None else fit.run_inputs[fit.used]
-    return knee_from_data(fit.compute, fit.value, runs, start=fit.R0)
+    return knee_from_data(fit.compute, fit.value, runs, start=getattr(fit, "R0", None))  # a power law has none
 
 
 def past_knee(fc: Forecast) -> bool:

@@ -9,8 +9,9 @@ curves that have not passed their knee, A and (C_mid, B) trade off, and the fit 
   values against log C over the last doubling of compute against the doubling before it, or over
   the last two thirds of the fitted range when it spans less than 8x; a sigmoid in log C steepens
   until C_mid, then flattens), or a plateau (rising over its last doubling by under a tenth of the
-  gain it has made). It does not use the fitted C_mid it is meant to check; over 8x or more of
-  compute it reads the end of the data only, so where the first evaluation sits does not move it.
+  gain it has made since R0, and not steepening beyond noise). It does not use the fitted C_mid it
+  is meant to check; over 8x or more of compute its slopes read the end of the data only, so where
+  the first evaluation sits does not move them.
 - ``separate``: from two forecasts' parameter draws, the ceiling difference ΔA, the efficiency ratio
   (the compute the variant needs to reach the share of its own gain that the baseline reaches at
   a budget, over the baseline's: C_mid and B, not A), the difference at the budget under the
@@ -51,13 +52,16 @@ class Knee:
     slope_last: float
     se: float  # standard error of slope_last - slope_middle
     runs: int
-    gain: float = 0.0  # the runs' mean over the last window less their mean at zero compute (else over
-    # the first window as wide)
+    gain: float = 0.0  # the runs' mean over the last window less the level before training (R0, else
+    # the mean at zero compute, else over the first window as wide)
 
     @property
     def flat(self) -> bool:
-        """Rising over the last doubling by less than ``FLAT_SHARE`` of the gain made: a plateau."""
-        return bool(self.gain > 0 and self.slope_last * KNEE_WINDOW < FLAT_SHARE * self.gain)
+        """Rising over the last doubling by less than ``FLAT_SHARE`` of the gain made, and not
+        steepening beyond noise: a plateau. A curve that rose before its first evaluation and then
+        rises again, steeper, is not one, however small its rise beside that early gain."""
+        steepening = self.slope_last > self.slope_middle + KNEE_Z * self.se
+        return bool(self.gain > 0 and self.slope_last * KNEE_WINDOW < FLAT_SHARE * self.gain and not steepening)
 
     @property
     def passed(self) -> bool:

@@ -44,6 +44,19 @@ def test_the_loo_path_runs_with_each_model(tmp_path: Path, model: str):
     assert (tmp_path / "loo_curves.png").stat().st_size > 10_000
 
 
+def test_a_power_law_campaign_whose_call_is_made_past_its_data_is_fitted(tmp_path: Path):
+    """A variant far enough below the baseline gets a call made past the data, which asks whether
+    each fit's data show its knee; a power law has no R0 to count the gain from (an AttributeError
+    stopped `analysis fit` there: found by review of 81b4f8a)."""
+    df = curves({"baseline": (2542, 1.92, 0.61), "loss=worse": (2542, 1.92, 0.45)})
+    settings = fit_settings({"x": X, "a_grid": "0.30:1.0:0.005", "model": "power_law", "pooling": "none"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_fit(df, tmp_path, settings)
+    row = pd.read_csv(tmp_path / "loo_table.csv").set_index("variant").loc["loss=worse"]
+    assert row["verdict"] and row["call"] in ("worse", "cannot tell yet"), row[["verdict", "call", "call_text"]]
+
+
 @pytest.mark.parametrize("cls", [SigmoidModel, PowerLawModel])
 def test_clone_and_set_params_refit_the_same_data(cls):
     c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=2)
