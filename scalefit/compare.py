@@ -20,7 +20,7 @@ import numpy as np
 
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.model import CurveFit
-from scalefit.prediction import Forecast, knee
+from scalefit.prediction import Forecast
 from scalefit.uncertainty import interval_holding
 
 
@@ -49,9 +49,9 @@ class Comparison:
 def _unfit_reasons(name: str, f: CurveFit, fc: Forecast | None) -> list[str]:
     said = f.not_identified
     out = [f"{name}'s {reason}" for reason in said]
-    k = knee(fc) if fc is not None and f.has_asymptote else None
-    if fc is not None and f.has_asymptote and not (k is not None and k.passed):  # A from a curve still steepening
-        out.append(f"{name}'s ceiling is not told by its data ({k.text() if k else 'too few points for a knee test'})")
+    ceiling = fc.open_ceiling if fc is not None and f.has_asymptote else None  # None: its data show the knee
+    if ceiling is not None:  # A from a curve still steepening is the sigmoid's guess
+        out.append(f"{name}'s ceiling is not told by its data ({ceiling.why})")
     # a verdict whose only doubt is the spread of a few seeds' mean, in a model whose draws are paired
     # (band_only), leaves the comparison to the paired interval of ΔA below; any other doubt stops it
     doubt = fc is not None and fc.verdict is not None and not fc.verdict.predictable

@@ -336,14 +336,16 @@ class Forecast(ABC):
     def open_ceiling(self) -> OpenCeiling | None:
         """The ceiling left open by data that do not show their knee (``past_knee``); None where they
         do or the curve has no ceiling (a power law). Read once: the knee test and one refit."""
-        if not self.fit.has_asymptote or past_knee(self):
+        if not self.fit.has_asymptote:
+            return None
+        k = knee(self)
+        if k is not None and k.passed:
             return None
         own = self.own_fit()
         top_a = float(np.max(own.a_grid))
         with warnings.catch_warnings():  # C_mid on its grid's top edge here only raises the bound it gives
             warnings.simplefilter("ignore", UserWarning)
             top = own.refit(a_grid=np.array([top_a]))
-        k = knee(self)
         return OpenCeiling(top, top_a, k.text() if k is not None else "too few points to test for its knee")
 
     def open_rise(self, compute) -> np.ndarray:
