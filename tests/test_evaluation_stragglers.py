@@ -58,3 +58,15 @@ def test_without_stragglers_the_batch_is_plain_generate(random_model_dir):
     torch.manual_seed(1)
     out = model.generate(**enc, **sampling, num_return_sequences=2)
     assert torch.equal(ours, out[:, enc["input_ids"].shape[1] :])
+
+
+@torch.no_grad()
+def test_a_tokenizer_without_eos_generates_as_plain_generate_does(random_model_dir):
+    """No EOS id: no row ends early, so nothing straggles; the batch is plain ``generate``."""
+    model, enc, sampling, _ = _setup(random_model_dir)
+    sampling = {**sampling, "eos_token_id": None, "max_new_tokens": 20}
+    torch.manual_seed(2)
+    ours = generate(model, enc, sampling, 2)
+    torch.manual_seed(2)
+    out = model.generate(**enc, **sampling, num_return_sequences=2)
+    assert torch.equal(ours, out[:, enc["input_ids"].shape[1] :])

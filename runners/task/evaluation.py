@@ -88,7 +88,7 @@ class _MostEnded(StoppingCriteria):
         self.start, self.eos, self.share = start, eos, share
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        left = int((~torch.isin(input_ids[:, self.start :], self.eos.to(input_ids.device)).any(1)).sum())
+        left = int((~torch.isin(input_ids[:, self.start :], self.eos).any(1)).sum())
         stop = 0 < left <= max(1, int(self.share * len(input_ids)))
         return torch.full((len(input_ids),), stop, dtype=torch.bool, device=input_ids.device)
 
@@ -104,7 +104,10 @@ def generate(model, enc, sampling: dict, n: int, cache_implementation=None, stra
     where it would have, the rows that ended first with the very same tokens (the batch draws the
     same random numbers up to the stop), the stragglers with a sampled continuation of their own."""
     start = enc["input_ids"].shape[1]
-    eos = torch.tensor(sampling["eos_token_id"]).view(-1)
+    eos_id = sampling.get("eos_token_id")
+    if eos_id is None:  # nothing ends a row early: there are no stragglers to tell
+        stragglers = None
+    eos = torch.tensor([] if eos_id is None else eos_id, dtype=torch.long, device=enc["input_ids"].device).view(-1)
     stop = [] if stragglers is None else [_MostEnded(start, eos, stragglers)]
     out = model.generate(
         **enc,
@@ -114,9 +117,11 @@ def generate(model, enc, sampling: dict, n: int, cache_implementation=None, stra
         stopping_criteria=StoppingCriteriaList(stop),
     )
     done = out[:, start:]
-    left = (~torch.isin(done, eos.to(done.device)).any(1)).nonzero().view(-1)
+    if stragglers is None:
+        return done
+    left = (~torch.isin(done, eos).any(1)).nonzero().view(-1)
     budget = sampling["max_new_tokens"] - done.shape[1]
-    if stragglers is None or len(left) == 0 or budget <= 0:
+    if len(left) == 0 or budget <= 0:
         return done
     mask = torch.cat([enc["attention_mask"].repeat_interleave(n, 0)[left], torch.ones_like(done[left])], 1)
     more = model.generate(
