@@ -80,6 +80,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     summary = run_campaign(
         args.campaign,
         only_axis=args.axis,
+        only_sizes=tuple(args.size or ()),
         dry_run=args.dry_run,
         resume_stopped=args.resume_stopped,
         new_store=args.new_store,
@@ -213,6 +214,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("campaign", help="campaign file or name in experiments/campaigns (e.g. loo-cpu)")
     c.add_argument("--axis", help="run only the baseline's variants along this axis")
+    c.add_argument(
+        "--size",
+        action="append",
+        metavar="SIZE",
+        help="a scale campaign: run only this size (repeat for several): the smaller sizes first, "
+        "the largest once its forecast is committed",
+    )
     c.add_argument(
         "--resume-stopped",
         action="store_true",

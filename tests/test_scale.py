@@ -45,6 +45,30 @@ def test_a_scale_campaign_runs_one_recipe_at_every_size_each_with_its_budget(tmp
     assert [s.variant for s in expand(listed)] == ["size=tiny", "size=pico"]  # a list: one budget for all
 
 
+def test_size_runs_the_chosen_sizes_alone_and_refuses_one_it_lacks(tmp_path, cli):
+    """The study's order (issue 44): the smaller sizes first, the largest after its forecast is
+    committed, from the one campaign file; a size it lacks, or --size on a LOO campaign, is one line."""
+    path = scale_campaign(tmp_path / "s.yaml", ["pico", "tiny", "small"], seeds=[0, 1])
+    camp = load_campaign(path)
+    assert [(s.value, s.seed) for s in expand(camp, only_sizes=("small", "pico"))] == [
+        ("pico", 0),
+        ("pico", 1),
+        ("small", 0),
+        ("small", 1),  # the file's order
+    ]
+    assert {s.run_key for s in expand(camp, only_sizes=("tiny",))} <= {s.run_key for s in expand(camp)}
+    r = cli("runners", "campaign", str(path), "--size", "tiny", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "size=tiny" in r.stdout and "size=pico" not in r.stdout and "size=small" not in r.stdout
+    r = cli("runners", "campaign", str(path), "--size", "large", "--dry-run")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--size 'large' is not a size of scale; sizes: pico, tiny, small" in r.stderr
+    zvf = {"zvf": {"key": "algorithm.zero_variance_filter", "values": [False]}}
+    loo = write_campaign(tmp_path / "l.yaml", "l", 4, zvf)
+    with pytest.raises(CampaignError, match="--size picks sizes of a scale campaign; l is a loo campaign"):
+        expand(load_campaign(loo), only_sizes=("tiny",))
+
+
 @pytest.mark.parametrize(
     ("sizes", "extra", "message"),
     [

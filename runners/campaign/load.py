@@ -249,16 +249,22 @@ def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
         seen.append(v)
 
 
-def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
-    """Baseline + one variant per non-baseline value of each axis (LOO), or every value (forward); x seeds."""
+def expand(camp: Campaign, only_axis: str | None = None, only_sizes: tuple[str, ...] = ()) -> list[RunSpec]:
+    """Baseline + one variant per non-baseline value of each axis (LOO), or every value (forward); x seeds.
+    ``only_sizes``: of a scale campaign, those sizes' runs alone (the smaller sizes first, the largest
+    after its forecast is committed)."""
     if only_axis is not None and only_axis not in camp.axes:
         raise CampaignError(f"AXIS={only_axis!r} is not an axis of {camp.name}; axes: {', '.join(camp.axes)}")
+    if only_sizes and camp.kind != "scale":
+        raise CampaignError(f"--size picks sizes of a scale campaign; {camp.name} is a {camp.kind} campaign")
+    if unknown := [s for s in only_sizes if s not in camp.sizes]:
+        raise CampaignError(f"--size {unknown[0]!r} is not a size of {camp.name}; sizes: {', '.join(camp.sizes)}")
     try:
         base_raw = apply_overrides(raw_recipe(camp.baseline), camp.overrides)
         base_flat = recipe_from_dict(base_raw).flat()
     except RecipeError as e:
         raise CampaignError(f"{camp.path}: baseline {camp.baseline!r} with the campaign's overrides: {e}") from None
-    variants = _size_variants(camp, base_flat) if camp.kind == "scale" else []
+    variants = _size_variants(camp, base_flat, only_sizes) if camp.kind == "scale" else []
     if camp.kind == "loo":
         variants.append(("baseline", None, None, {}))
     variants += _axis_variants(camp, base_flat, only_axis)
@@ -267,8 +273,8 @@ def expand(camp: Campaign, only_axis: str | None = None) -> list[RunSpec]:
     return [spec for variant in variants for spec in _runs(camp, base_raw, variant)]
 
 
-def _size_variants(camp: Campaign, base_flat: dict[str, Any]) -> list[Variant]:
-    """A scale campaign's variants: the baseline at each size, with that size's own overrides."""
+def _size_variants(camp: Campaign, base_flat: dict[str, Any], only: tuple[str, ...]) -> list[Variant]:
+    """A scale campaign's variants: the baseline at each size (``only``: those), with its own overrides."""
     if base_flat.get("model.path"):
         raise CampaignError(
             f"{camp.path}: baseline {camp.baseline!r} loads model.path {base_flat['model.path']!r}; a scale "
@@ -276,6 +282,8 @@ def _size_variants(camp: Campaign, base_flat: dict[str, Any]) -> list[Variant]:
         )
     variants: list[Variant] = []
     for name, over in camp.sizes.items():
+        if only and name not in only:
+            continue
         bad = next((k for k in over if k not in base_flat), None)
         if bad is not None:
             raise CampaignError(f"{camp.path}: sizes: {name!r}: {bad!r} is not a recipe key")

@@ -50,6 +50,7 @@ def run_campaign(
     ref: str | Path,
     *,
     only_axis: str | None = None,
+    only_sizes: tuple[str, ...] = (),
     dry_run: bool = False,
     runs_root: Path = Path("artifacts/campaigns"),
     tracking_uri: str | None = None,
@@ -63,10 +64,11 @@ def run_campaign(
     ``new_store``: create the SQLite store if it does not exist (``store.store_to_write``), and
     train again into it the runs whose folders hold runs of another store (``_elsewhere``)."""
     camp = load_campaign(ref)
-    specs = expand(camp, only_axis)
+    specs = expand(camp, only_axis, only_sizes)
+    decide = not (only_axis or only_sizes)  # an adaptive campaign's stops compare whole arms
     uri = store.canonical_uri(tracking_uri or store.default_tracking_uri())  # one file, one store
     if dry_run:
-        return _run_campaign(camp, specs, uri, only_axis, True, runs_root, resume_stopped, log, new_store=new_store)
+        return _run_campaign(camp, specs, uri, decide, True, runs_root, resume_stopped, log, new_store=new_store)
     uri = store.store_to_write(uri, new_store=new_store)  # before the lock, which would make its folder
     if (db := store.sqlite_file(uri)) is not None:
         make_dir(db.parent)  # a new store's folder (--new-store): private, or PRL_GROUP's
@@ -74,7 +76,7 @@ def run_campaign(
     check_folders(camp, specs, runs_root)  # a read-only artifacts/ or base-model cache: likewise
     advice = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
     with hold(campaign_lock(camp.name, uri, runs_root), f"campaign {camp.name} on store {uri}", advice):
-        return _run_campaign(camp, specs, uri, only_axis, False, runs_root, resume_stopped, log, new_store=new_store)
+        return _run_campaign(camp, specs, uri, decide, False, runs_root, resume_stopped, log, new_store=new_store)
 
 
 def check_backend(camp: Campaign) -> None:
@@ -115,7 +117,7 @@ def _run_campaign(
     camp: Campaign,
     specs: list[RunSpec],
     uri: str,
-    only_axis: str | None,
+    decide: bool,
     dry_run: bool,
     runs_root: Path,
     resume_stopped: bool,
@@ -158,7 +160,7 @@ def _run_campaign(
     tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log)
     todo, resumed = tracked.to_run(specs, resume_stopped)
     t0 = time.perf_counter()
-    failures, saved = tracked.train(specs, todo, decide=not only_axis, resumed=resumed)
+    failures, saved = tracked.train(specs, todo, decide=decide, resumed=resumed)
     client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
         "runs": len(specs),
