@@ -98,8 +98,9 @@ def knee_from_data(compute, value, runs=None, start: float | None = None) -> Kne
     last two windows of the range in log C, each one doubling of compute (``KNEE_WINDOW``) or a third
     of the range where it spans less than three doublings. The gain is counted from ``start``, the
     level before any training (a fit's R0), else from the points at zero compute, else from the
-    first window; zero compute is left out of the slopes (no log). None with fewer than two points
-    in a window of every run."""
+    first window; zero compute is left out of the slopes (no log). The standard error of the change
+    of slope is the runs' spread, floored by each run's own scatter about its two windows' lines
+    (the only one for a single run). None with fewer than two points in a window of every run."""
     c, y = np.asarray(compute, float), np.asarray(value, float)
     r = np.zeros(len(c), int) if runs is None else np.asarray(runs)
     keep = c > 0
@@ -113,19 +114,21 @@ def knee_from_data(compute, value, runs=None, start: float | None = None) -> Kne
     width = min((hi - lo) / 3, KNEE_WINDOW)
     earlier = (x >= hi - 2 * width) & (x < hi - width)
     last = x >= hi - width
-    pairs = []
+    pairs, scatter = [], []
     for run in np.unique(r):
         m = r == run
         s_mid, s_last = _slope(x[m & earlier], y[m & earlier]), _slope(x[m & last], y[m & last])
         if np.isfinite(s_mid) and np.isfinite(s_last):
             pairs.append((s_mid, s_last))
+            scatter.append(_one_run_se(x[m], y[m], earlier[m], last[m]))
     if not pairs:
         return None
     mids, lasts = np.array(pairs).T
-    if len(pairs) >= 2:
-        se = float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs)))
-    else:  # one run: the residual scatter about each window's line
-        se = _one_run_se(x, y, earlier, last)
+    own = [v for v in scatter if np.isfinite(v)]  # each run's scatter about its windows' lines
+    se = float(np.sqrt(np.mean(np.square(own)) / len(pairs))) if own else np.inf
+    if len(pairs) >= 2:  # the runs' spread, floored by their own scatter: two runs' spread has one
+        # degree of freedom, and runs that happen to agree would make any wiggle "beyond noise"
+        se = max(float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs))), se if own else 0.0)
     gain = float(y[last].mean() - (y[x <= lo + width].mean() if start is None else start))
     return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs), gain)
 

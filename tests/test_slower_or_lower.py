@@ -52,6 +52,34 @@ def test_one_run_gets_a_knee_test_with_its_own_scatter():
     assert k is not None and k.runs == 1 and np.isfinite(k.se) and k.passed
 
 
+def test_two_runs_that_agree_by_chance_do_not_make_noise_a_knee():
+    """Two runs' spread of slopes has one degree of freedom: where their noise happens to agree, it
+    reads near zero, and any wiggle between the windows is "beyond noise". Here two runs rise at one
+    rate per e-fold of compute to the end (no knee), with the same noise; each run's own scatter about
+    its windows' lines floors the standard error, so the wiggle stays noise."""
+    c = np.geomspace(1000, 64000, 25)
+    y = 0.3 + 0.08 * np.log(c / 1000) + np.random.default_rng(3).normal(0, 0.02, len(c))
+    k = knee_from_data(np.r_[c, c], np.r_[y, y + 0.01], np.repeat([0, 1], len(c)), start=0.3)
+    alone = knee_from_data(c, y, start=0.3)
+    assert k is not None and alone is not None and k.slope_last < k.slope_middle, k  # a wiggle down
+    assert k.se > 0 and k.se == pytest.approx(alone.se / np.sqrt(2)), (k, alone)  # two runs' own scatter
+    assert not k.passed and "not past its knee" in k.text(), k
+
+
+def test_two_runs_with_no_knee_read_one_about_as_often_as_one_standard_error_allows():
+    """The false-knee rate on two runs rising at one rate, with the default CPU campaign's noise (0.02
+    an evaluation): deceleration by one standard error, one-sided, is 16% by chance. With two runs'
+    spread alone the rate was 26% of these 1,000 draws; floored by their own scatter it is 18%."""
+    c = np.geomspace(1000, 64000, 25)
+    rng = np.random.default_rng(0)
+    knees = 0
+    for _ in range(1000):
+        y = [0.3 + 0.08 * np.log(c / 1000) + rng.normal(0, 0.02, len(c)) for _ in range(2)]
+        k = knee_from_data(np.r_[c, c], np.r_[y[0], y[1]], np.repeat([0, 1], len(c)), start=0.3)
+        knees += k.passed
+    assert knees / 1000 <= 0.2, knees
+
+
 def test_too_few_points_give_no_knee_test():
     assert knee_from_data([0, 10, 20], [0.1, 0.2, 0.3]) is None
 
