@@ -63,9 +63,12 @@ def test_size_runs_the_chosen_sizes_alone_and_refuses_one_it_lacks(tmp_path, cli
     r = cli("runners", "campaign", str(path), "--size", "large", "--dry-run")
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "--size 'large' is not a size of scale; sizes: pico, tiny, small" in r.stderr
+    bad = scale_campaign(tmp_path / "b.yaml", {"pico": {}, "tiny": {"train.stpes": 6}})
+    with pytest.raises(CampaignError, match="'tiny': 'train.stpes' is not a recipe key"):
+        expand(load_campaign(bad), only_sizes=("pico",))  # the size run later is checked now, not after a forecast
     zvf = {"zvf": {"key": "algorithm.zero_variance_filter", "values": [False]}}
     loo = write_campaign(tmp_path / "l.yaml", "l", 4, zvf)
-    with pytest.raises(CampaignError, match="--size picks sizes of a scale campaign; l is a loo campaign"):
+    with pytest.raises(CampaignError, match="l is a loo campaign: leave --size out"):
         expand(load_campaign(loo), only_sizes=("tiny",))
 
 

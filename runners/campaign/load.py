@@ -256,7 +256,9 @@ def expand(camp: Campaign, only_axis: str | None = None, only_sizes: tuple[str, 
     if only_axis is not None and only_axis not in camp.axes:
         raise CampaignError(f"AXIS={only_axis!r} is not an axis of {camp.name}; axes: {', '.join(camp.axes)}")
     if only_sizes and camp.kind != "scale":
-        raise CampaignError(f"--size picks sizes of a scale campaign; {camp.name} is a {camp.kind} campaign")
+        raise CampaignError(
+            f"--size picks sizes of a scale campaign; {camp.name} is a {camp.kind} campaign: leave --size out"
+        )
     if unknown := [s for s in only_sizes if s not in camp.sizes]:
         raise CampaignError(f"--size {unknown[0]!r} is not a size of {camp.name}; sizes: {', '.join(camp.sizes)}")
     try:
@@ -264,17 +266,19 @@ def expand(camp: Campaign, only_axis: str | None = None, only_sizes: tuple[str, 
         base_flat = recipe_from_dict(base_raw).flat()
     except RecipeError as e:
         raise CampaignError(f"{camp.path}: baseline {camp.baseline!r} with the campaign's overrides: {e}") from None
-    variants = _size_variants(camp, base_flat, only_sizes) if camp.kind == "scale" else []
+    variants = _size_variants(camp, base_flat) if camp.kind == "scale" else []
     if camp.kind == "loo":
         variants.append(("baseline", None, None, {}))
     variants += _axis_variants(camp, base_flat, only_axis)
     if only_axis is None:  # controls: named variants that change several keys (e.g. known-worse positive controls)
         variants += _control_variants(camp, base_flat)
-    return [spec for variant in variants for spec in _runs(camp, base_raw, variant)]
+    specs = [spec for variant in variants for spec in _runs(camp, base_raw, variant)]
+    # every size is checked, chosen or not: a bad budget of the size run last is found before the first runs
+    return [spec for spec in specs if not only_sizes or spec.value in only_sizes]
 
 
-def _size_variants(camp: Campaign, base_flat: dict[str, Any], only: tuple[str, ...]) -> list[Variant]:
-    """A scale campaign's variants: the baseline at each size (``only``: those), with its own overrides."""
+def _size_variants(camp: Campaign, base_flat: dict[str, Any]) -> list[Variant]:
+    """A scale campaign's variants: the baseline at each size, with that size's own overrides."""
     if base_flat.get("model.path"):
         raise CampaignError(
             f"{camp.path}: baseline {camp.baseline!r} loads model.path {base_flat['model.path']!r}; a scale "
@@ -282,8 +286,6 @@ def _size_variants(camp: Campaign, base_flat: dict[str, Any], only: tuple[str, .
         )
     variants: list[Variant] = []
     for name, over in camp.sizes.items():
-        if only and name not in only:
-            continue
         bad = next((k for k in over if k not in base_flat), None)
         if bad is not None:
             raise CampaignError(f"{camp.path}: sizes: {name!r}: {bad!r} is not a recipe key")
