@@ -54,13 +54,16 @@ class Knee:
     runs: int
     gain: float = 0.0  # the runs' mean over the last window less the level before training (R0, else
     # the mean at zero compute, else over the first window as wide)
+    se_spread: float = np.inf  # the runs' spread alone (one run: its own scatter), without the floor
 
     @property
     def flat(self) -> bool:
         """Rising over the last doubling by less than ``FLAT_SHARE`` of the gain made, and not
         steepening beyond noise: a plateau. A curve that rose before its first evaluation and then
-        rises again, steeper, is not one, however small its rise beside that early gain."""
-        steepening = self.slope_last > self.slope_middle + KNEE_Z * self.se
+        rises again, steeper, is not one, however small its rise beside that early gain. Steepening is
+        judged by the smaller of the two standard errors, so the floor that keeps noise from reading as
+        a knee never lets a steepening pass for a plateau: both doubts fall on "not past its knee"."""
+        steepening = self.slope_last > self.slope_middle + KNEE_Z * min(self.se, self.se_spread)
         return bool(self.gain > 0 and self.slope_last * KNEE_WINDOW < FLAT_SHARE * self.gain and not steepening)
 
     @property
@@ -72,7 +75,8 @@ class Knee:
         if self.flat:
             state = "past its knee (flat)"
         else:
-            state = "past its knee" if self.passed else "not past its knee (still rising as fast or faster)"
+            still = "slowing, within noise" if self.slope_last < self.slope_middle else "still rising as fast or faster"
+            state = "past its knee" if self.passed else f"not past its knee ({still})"
         return (
             f"{state} by the data: slope {self.slope_last:.3f} per e-fold of compute over the last window"
             f" of its data, {self.slope_middle:.3f} over the window before"
@@ -125,12 +129,13 @@ def knee_from_data(compute, value, runs=None, start: float | None = None) -> Kne
         return None
     mids, lasts = np.array(pairs).T
     own = [v for v in scatter if np.isfinite(v)]  # each run's scatter about its windows' lines
-    se = float(np.sqrt(np.mean(np.square(own)) / len(pairs))) if own else np.inf
+    se = spread = float(np.sqrt(np.mean(np.square(own)) / len(pairs))) if own else np.inf
     if len(pairs) >= 2:  # the runs' spread, floored by their own scatter: two runs' spread has one
         # degree of freedom, and runs that happen to agree would make any wiggle "beyond noise"
-        se = max(float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs))), se if own else 0.0)
+        spread = float(np.std(lasts - mids, ddof=1) / np.sqrt(len(pairs)))
+        se = max(spread, se if own else 0.0)
     gain = float(y[last].mean() - (y[x <= lo + width].mean() if start is None else start))
-    return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs), gain)
+    return Knee(float(mids.mean()), float(lasts.mean()), se, len(pairs), gain, spread)
 
 
 def _one_run_se(x: np.ndarray, y: np.ndarray, *thirds: np.ndarray) -> float:
