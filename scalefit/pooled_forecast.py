@@ -154,8 +154,10 @@ def campaign_bootstrap(
     """Parameter draws (A, B, C_mid, R0) per variant, resample i of every variant from one
     simulated campaign (so differences between variants are paired): each run a deviation series
     from the pool, each evaluation position a shock shared by every variant (``shared_var``)."""
-    rng = np.random.default_rng(seed)
     names = [v for v in cfit.fits if v not in skip]
+    if not names:  # every variant without a band (a backtest's prefix, say): nothing to draw
+        return {}
+    rng = np.random.default_rng(seed)
     sims, zero_dev = _simulate_campaign(cfit, pool, names, rng, n_resamples, shared_var)
     if cfit.r0_shared:
         shift = np.mean([zero_dev[v] for v in names], axis=0)

@@ -15,8 +15,9 @@ from scalefit import fit_sigmoid, forecast
 from scalefit.curve import sigmoid
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import forecast_campaign
+from scalefit.pooled_forecast import campaign_bootstrap, forecast_campaign
 from scalefit.prediction import MIN_BACKTESTS, Backtest, call_difference
+from scalefit.seeds import deviation_pool
 from scalefit.synthetic import campaign_runs
 
 A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
@@ -45,6 +46,17 @@ def test_pooling_recovers_a_shared_B_that_each_curve_alone_cannot_pin():
     assert pooled.r0_shared and set(pooled.pooled) == set(truth)
     assert "B pooled over 8 variants" in pooled.describe() and "R0" in pooled.describe()
     assert alone.describe().startswith("pooling none")
+
+
+def test_a_bootstrap_with_every_variant_left_out_draws_nothing_and_warns_nothing():
+    """A backtest's prefix where no variant has a band skips them all: no draws, and no numpy
+    "Mean of empty slice" on the user's terminal (it was printed by `analysis fit` of a
+    400-step loo-cpu)."""
+    truth = {"a": (3000, 1.8, 0.7), "b": (3000, 1.8, 0.68)}
+    cfit = _fit(campaign_runs(truth, seeds=2, c_max=20_000, n_points=21, seed=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert campaign_bootstrap(cfit, deviation_pool(cfit.fits), 8, skip=frozenset(truth)) == {}
 
 
 def test_variants_whose_B_truly_differs_keep_their_own():
