@@ -81,6 +81,11 @@ def evaluate(
     return _rates(sums, samples, time.perf_counter() - t0, tally.shown)
 
 
+def _unended(completions: torch.Tensor, eos: torch.Tensor) -> torch.Tensor:
+    """Which rows of completion ids hold no EOS yet: the one test of a row's end, for the stop and the stragglers."""
+    return ~torch.isin(completions, eos).any(1)
+
+
 class _MostEnded(StoppingCriteria):
     """Stops the whole batch once at most ``share`` of its rows (at least one) have not ended."""
 
@@ -88,7 +93,7 @@ class _MostEnded(StoppingCriteria):
         self.start, self.eos, self.share = start, eos, share
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        left = int((~torch.isin(input_ids[:, self.start :], self.eos).any(1)).sum())
+        left = int(_unended(input_ids[:, self.start :], self.eos).sum())
         stop = 0 < left <= max(1, int(self.share * len(input_ids)))
         return torch.full((len(input_ids),), stop, dtype=torch.bool, device=input_ids.device)
 
@@ -119,7 +124,7 @@ def generate(model, enc, sampling: dict, n: int, cache_implementation=None, stra
     done = out[:, start:]
     if stragglers is None:
         return done
-    left = (~torch.isin(done, eos).any(1)).nonzero().view(-1)
+    left = _unended(done, eos).nonzero().view(-1)
     budget = sampling["max_new_tokens"] - done.shape[1]
     if len(left) == 0 or budget <= 0:
         return done
