@@ -376,11 +376,14 @@ def test_a_second_rise_after_an_early_jump_is_not_a_plateau():
     assert not k.flat and not k.passed and "not past its knee" in k.text(), k
 
 
-def test_the_default_campaign_decides_its_axis_on_its_recorded_curves(tmp_path):
-    """The default `make ablation` (results/loo-cpu: baseline and zero_variance=off on two seeds each,
-    a fresh clone on a 2-core AMD EPYC) fitted as `analysis fit --curves` fits it: the baseline is
-    identified off its grid's edges and the axis is decided, "no measurable difference" (both arms
-    read flat: 2.8% and 6.6% of their gain over the last doubling, against 10%)."""
+@pytest.mark.parametrize("cpu", ["epyc", "xeon"])
+def test_the_default_campaign_calls_its_axis_alike_on_both_cpus(tmp_path, cpu):
+    """The default `make ablation` (results/loo-cpu: baseline and zero_variance=off on two seeds each;
+    a fresh clone on a 2-core AMD EPYC, and the same campaign on 2 cores of an Intel Xeon, xeon/)
+    fitted with today's campaign file as `analysis fit --curves` fits it: on both CPUs the baseline is
+    identified off its grid's edges and the axis is called the same way, "no difference" within the
+    campaign's ±0.05 (Δ's interval ±0.038 on the EPYC, ±0.022 on the Xeon). At the paper's ±0.02
+    neither is called: a margin two seeds cannot resolve calls nothing that does nothing."""
     from pathlib import Path
 
     import pandas as pd
@@ -388,11 +391,12 @@ def test_the_default_campaign_decides_its_axis_on_its_recorded_curves(tmp_path):
     from tests.conftest import run_in_process
 
     root = Path(__file__).resolve().parents[1]
-    study = root / "results" / "loo-cpu"  # its campaign file as it ran, not today's default
-    res = run_in_process(
-        "analysis", "fit", str(study / "loo-cpu.yaml"), "--curves", str(study / "curves.csv"), "--out", str(tmp_path)
-    )
+    curves = root / "results" / "loo-cpu" / {"epyc": "curves.csv", "xeon": "xeon/curves.csv"}[cpu]
+    res = run_in_process("analysis", "fit", "loo-cpu", "--curves", str(curves), "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
     t = pd.read_csv(tmp_path / "loo_table.csv").set_index("variant")
-    assert t.loc["zero_variance=off", "verdict"].startswith("no measurable difference"), t.loc["zero_variance=off"]
+    zv = t.loc["zero_variance=off"]
+    assert zv["call"] == "no difference", zv["call_text"]
+    assert -0.05 < zv["call_lo"] < zv["call_hi"] < 0.05, zv[["call_lo", "call_hi"]]
     assert not t.loc["baseline", "a_at_edge"] and t.loc["baseline", "A_hi"] < 1.0 - 1e-9, t.loc["baseline"]
+    assert "no difference" in res.stdout and "its interval is inside ±0.05" in res.stdout, res.stdout
