@@ -377,13 +377,14 @@ def test_a_second_rise_after_an_early_jump_is_not_a_plateau():
 
 
 @pytest.mark.parametrize("cpu", ["epyc", "xeon"])
-def test_the_default_campaign_calls_its_axis_alike_on_both_cpus(tmp_path, cpu):
-    """The default `make ablation` (results/loo-cpu: baseline and zero_variance=off on two seeds each;
-    a fresh clone on a 2-core AMD EPYC, and the same campaign on 2 cores of an Intel Xeon, xeon/)
-    fitted with today's campaign file as `analysis fit --curves` fits it: on both CPUs the baseline is
-    identified off its grid's edges and the axis is called the same way, "no difference" within the
-    campaign's ±0.05 (Δ's interval ±0.038 on the EPYC, ±0.022 on the Xeon). At the paper's ±0.02
-    neither is called: a margin two seeds cannot resolve calls nothing that does nothing."""
+def test_the_recorded_default_campaign_calls_its_axis_alike_on_both_cpus(tmp_path, cpu):
+    """The default `make ablation`'s recorded runs (results/loo-cpu: baseline and zero_variance=off on
+    seeds 0 and 1; a fresh clone on a 2-core AMD EPYC, and the same campaign on 2 cores of an Intel
+    Xeon, xeon/) fitted with today's campaign file as `analysis fit --curves` fits them: on both CPUs
+    the baseline is identified off its grid's edges and the axis is called the same way, "no
+    difference" within the campaign's ±0.05 (Δ's interval ±0.038 on the EPYC, ±0.022 on the Xeon);
+    at the paper's ±0.02 neither is called. A regression test of these recorded runs, not a property
+    of the design: on seeds 2-3 and 4-5 (results/loo-cpu/seeds-*) the call does not come out."""
     from pathlib import Path
 
     import pandas as pd
@@ -400,3 +401,5 @@ def test_the_default_campaign_calls_its_axis_alike_on_both_cpus(tmp_path, cpu):
     assert -0.05 < zv["call_lo"] < zv["call_hi"] < 0.05, zv[["call_lo", "call_hi"]]
     assert not t.loc["baseline", "a_at_edge"] and t.loc["baseline", "A_hi"] < 1.0 - 1e-9, t.loc["baseline"]
     assert "no difference" in res.stdout and "its interval is inside ±0.05" in res.stdout, res.stdout
+    if cpu == "epyc":  # both arms read flat there: the asymptote verdict decides too
+        assert zv["verdict"].startswith("no measurable difference"), zv["verdict"]
