@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 import urllib.parse
@@ -37,7 +36,7 @@ from runners.campaign.load import load_campaign
 from runners.campaign.spec import CampaignError, fit_settings
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.tracking import store
-from runners.tracking.serve import TRACKING_ONLY, exit_reason, serve
+from runners.tracking.serve import TRACKING_ONLY, Stopped, exit_reason, serve, stop_on_signals
 from runners.tracking.servers import ServerError
 
 VIEW_KEY = "prl-curves"  # the saved view's id: tag mlflow.sharedViewState.prl-curves, URL viewStateShareKey=
@@ -193,11 +192,7 @@ def open_ui(uri: str, port: int, first: str | None = None) -> int:
     if uri.startswith(("http://", "https://")):
         raise ServerError(f"{uri} is a tracking server: it serves its own UI, open it in a browser")
     store.check_store(uri)  # a corrupt store: one line, not the UI's own traceback
-
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt  # a SIGTERM stops the UI as Ctrl-C does
-
-    signal.signal(signal.SIGTERM, stop)
+    stop_on_signals()  # Ctrl-C and SIGTERM alike
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--workers", "1"]
     try:
         with serve(
@@ -212,7 +207,7 @@ def open_ui(uri: str, port: int, first: str | None = None) -> int:
             print(f"MLflow UI: http://127.0.0.1:{port}  (store {uri}; Ctrl-C stops it)", flush=True)
             print_campaign_urls(uri, f"http://127.0.0.1:{port}", first)
             code = proc.wait()
-    except KeyboardInterrupt:
+    except Stopped:
         return 0
     print(
         f"error: the MLflow UI (pid {proc.pid}) stopped on its own ({exit_reason(code)}); so did its workers",

@@ -84,6 +84,23 @@ def stop_stale_servers(backend_uri: str, artifacts: Path, log=print) -> None:
         stop_stale_server(record, log)
 
 
+class Stopped(BaseException):
+    """A Ctrl-C or SIGTERM that stops a server command (``stop_on_signals``). Not a KeyboardInterrupt:
+    CPython marks one raised inside a string ``exec`` (dataclasses and namedtuple build their methods
+    that way, so any import may) as unhandled for good, and the process then dies of SIGINT (-2, 130)
+    on exit, after it was caught and whatever the command returned."""
+
+
+def stop_on_signals() -> None:
+    """From now on Ctrl-C and SIGTERM raise ``Stopped`` in this process's main thread."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 def exit_reason(code: int | None) -> str:
     """'exit code N' or 'killed by SIGNAME', from a Popen return code."""
     if code is not None and code < 0:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from filelock import FileLock, Timeout
 
 from runners.tracking.auth import BasicAuth
 from runners.tracking.postgres import PostgresCluster
-from runners.tracking.serve import local_server, stop_stale_servers
+from runners.tracking.serve import Stopped, local_server, stop_on_signals, stop_stale_servers
 from runners.tracking.servers import ServerError, check_port, free_port, owner
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
@@ -43,11 +42,7 @@ class SharedServer:
 
 def run_shared_server(s: SharedServer) -> int:
     """Start PostgreSQL and the MLflow server and serve until Ctrl-C or SIGTERM, which stop both."""
-
-    def stop(*_: object) -> None:
-        raise KeyboardInterrupt  # a SIGTERM stops MLflow and PostgreSQL as Ctrl-C does
-
-    signal.signal(signal.SIGTERM, stop)
+    stop_on_signals()
     if s.host not in LOCAL_HOSTS:
         print(
             f"warning: binding {s.host}: anyone who reaches this port can "
@@ -56,7 +51,7 @@ def run_shared_server(s: SharedServer) -> int:
             file=sys.stderr,
         )
     s.root.mkdir(parents=True, exist_ok=True)
-    with _owned(s), contextlib.ExitStack() as stack, contextlib.suppress(KeyboardInterrupt):
+    with _owned(s), contextlib.ExitStack() as stack, contextlib.suppress(Stopped):
         _serve(s, stack)
         while True:
             time.sleep(3600)
