@@ -69,6 +69,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["sdpa", "eager"] = "sdpa"  # transformers' attn_implementation
     generation_cache: Literal["dynamic", "static"] = "dynamic"  # KV cache of generate (static: compiled on CUDA)
+    gradient_checkpointing: bool = True  # recompute activations in backward (TRL's default): memory for compute
     lora: LoraSection | None = None  # train LoRA adapters instead of every weight
     quantization: Literal["none", "4bit"] = "none"  # 4bit: QLoRA (bitsandbytes NF4, CUDA only; needs lora)
 

@@ -498,6 +498,41 @@ def test_static_kv_cache_samples_the_same_tokens_as_the_dynamic_one(tiny_base, t
     assert [s for s, _, _ in runs["static"][0]] == [0, 2]
 
 
+def test_a_run_without_gradient_checkpointing_trains_bitwise_the_same_weights(tiny_base, tmp_path, monkeypatch):
+    """``model.gradient_checkpointing`` trades memory for compute only (off in the CPU recipe, where a
+    step is ~18% faster): with it off TRL never enables checkpointing on the model, and the run ends
+    with bitwise the same weights as with it on, which differ from the base model's."""
+    from safetensors.torch import load_file
+    from transformers import PreTrainedModel
+
+    from runners.rl.train import train
+
+    enabled: list[bool] = []
+    enable = PreTrainedModel.gradient_checkpointing_enable
+
+    def recording_enable(self, *args, **kwargs):  # the real method, its calls counted
+        enabled.append(True)
+        return enable(self, *args, **kwargs)
+
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", recording_enable)
+    weights = {}
+    for on in (True, False):
+        enabled.clear()
+        r = make_recipe(
+            model={"gradient_checkpointing": on},
+            data={"reward": {"exact_match": 1.0, "format": 0.5}},  # rewards that vary, so every step trains
+            train={"steps": 2, "save_every": 2},
+        )
+        assert trl_args(r)["gradient_checkpointing"] is on
+        train(r, tmp_path / str(on), log=lambda m: None)
+        assert bool(enabled) is on, enabled
+        weights[on] = load_file(tmp_path / str(on) / "checkpoints" / "checkpoint-2" / "model.safetensors")
+    base = load_file(tiny_base / "model.safetensors")
+    assert any(not torch.equal(weights[True][k], base[k]) for k in base)  # it trained
+    assert weights[True].keys() == weights[False].keys()
+    assert all(torch.equal(weights[True][k], weights[False][k]) for k in weights[True])
+
+
 def test_the_static_cache_setting_reaches_generate(tiny_base, tmp_path, monkeypatch):
     """``model.generation_cache: static`` arrives at every ``generate`` of a real run, in both places
     that sample: TRL's rollouts (the trainer's generation config) and evaluation (to which

@@ -6,10 +6,10 @@ Measured on an H100 (results/gpu-memory): 1.1-1.3x above the peak where completi
 limit (an 823M model; full, LoRA and QLoRA), 3.5x above it where they stop early (``scalerl-gpu``:
 28.9 GiB estimated, 7.9-8.2 GiB measured, its evaluation's answers end near 26 of 96 tokens).
 Counted: weights, gradients and AdamW state of fp32 master weights; saved activations of one
-micro-batch under gradient checkpointing (TRL's GRPO default, which ``plan.trl_args`` keeps: each
-layer's input, plus one layer's full set as it is recomputed — the Korthikanti et al. per-layer
-count, plus eager attention's score matrices); the LM head's logits; and the KV cache of
-generation and of evaluation (weights are fp32, so is the cache).
+micro-batch, under gradient checkpointing (``model.gradient_checkpointing``, TRL's GRPO default:
+each layer's input, plus one layer's full set as it is recomputed) or without it (every layer's full
+set) — the Korthikanti et al. per-layer count, plus eager attention's score matrices; the LM head's
+logits; and the KV cache of generation and of evaluation (weights are fp32, so is the cache).
 Per device, for a run's ``Layout`` (runners.rl.sharding): each of N processes takes 1/N of the
 rollouts, its share of the mini-batch and of the evaluation prompts. DDP keeps the whole state on
 every device, plus its gradient buckets (a copy of the gradients); FSDP splits weights, gradients
@@ -28,7 +28,6 @@ from runners.recipe import Recipe, RecipeError
 from runners.rl.sharding import Layout
 
 GIB = 2**30
-GRADIENT_CHECKPOINTING = True  # plan.trl_args sets it (TRL's GRPO default): activations are recomputed
 PROMPT_TOKENS = 48  # embedded task prompts are <= ~40 characters (= tokens) with the template
 
 
@@ -81,7 +80,7 @@ def estimate(recipe: Recipe, dims: Dims | None = None, layout: Layout | None = N
     eval_prompts = min(e.batch_prompts, -(-e.prompts // n))  # one generate call's prompts, busiest process
     attn_scores = 0 if recipe.model.attention == "sdpa" else d.heads * seq * seq * 4  # eager keeps them (fp32)
     per_seq_layer = seq * 17 * d.hidden * act_bytes + attn_scores
-    if GRADIENT_CHECKPOINTING:  # every layer's input is kept; one layer's activations exist at a time
+    if recipe.model.gradient_checkpointing:  # every layer's input is kept; one layer's activations exist at a time
         per_seq_acts = d.layers * seq * d.hidden * act_bytes + per_seq_layer
     else:
         per_seq_acts = d.layers * per_seq_layer

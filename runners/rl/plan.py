@@ -7,7 +7,7 @@ from typing import Any
 
 from runners.losses import LOSSES
 from runners.recipe import Recipe, RecipeError
-from runners.rl.memory import GRADIENT_CHECKPOINTING, estimate, format_estimate
+from runners.rl.memory import estimate, format_estimate
 from runners.rl.sharding import Layout
 
 ADVANTAGE = {"batch": "batch", "prompt": "group", "none": "none"}
@@ -61,7 +61,7 @@ def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
         "seed": r.train.seed,
         "bf16": r.model.dtype == "bfloat16",
         "cache_implementation": None if r.model.generation_cache == "dynamic" else r.model.generation_cache,
-        "gradient_checkpointing": GRADIENT_CHECKPOINTING,  # TRL's GRPO default; the memory estimate relies on it
+        "gradient_checkpointing": r.model.gradient_checkpointing,  # the memory estimate reads it too
     }
 
 
