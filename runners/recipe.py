@@ -146,6 +146,7 @@ class TrainConfig:
     seed: int = 0
     temperature: float = 1.0
     save_every: int = 25  # checkpoint cadence (optimizer steps)
+    mismatch_every: int = 1  # steps between measures of the generator-trainer log-prob mismatch (a no-grad forward)
 
 
 @dataclass
@@ -534,6 +535,7 @@ def _check_schedule(r: Recipe) -> None:
     _require(0 <= t.seed <= SEED_MAX, f"train.seed = {t.seed}: must be in [0, {SEED_MAX}] (numpy's range), e.g. 0")
     _require(t.temperature > 0, f"train.temperature = {t.temperature}: must be > 0")
     _require(t.save_every >= 1, f"train.save_every = {t.save_every}: must be >= 1")
+    _require(t.mismatch_every >= 1, f"train.mismatch_every = {t.mismatch_every}: must be >= 1 (1: every step)")
     _require(
         e.every >= 1 and e.prompts >= 1 and e.samples >= 1, "eval.every, eval.prompts and eval.samples must be >= 1"
     )

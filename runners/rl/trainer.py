@@ -277,13 +277,16 @@ class ScaleRLTrainer(GRPOTrainer):
         The mismatch the FP32 LM head exists to shrink (the generator's and the trainer's kernels
         round differently). Logged under TRL's names for its vLLM case,
         ``sampling/sampling_logp_difference/{mean,max}``. Costs one no-grad forward when the step
-        has no behaviour log-probs already (on-policy runs).
+        has no behaviour log-probs already (on-policy runs), so those measure it every
+        ``train.mismatch_every`` steps; it draws no random numbers, so the cadence leaves training as is.
         """
         sampled = out.get("sampling_per_token_logps")
         if sampled is None:
             return
         trained = out.get("old_per_token_logps")
         if trained is None:
+            if self.state.global_step % self.recipe.train.mismatch_every:
+                return
             trained = self._behaviour_logps(out)
         delta = (trained.float() - sampled.float()).abs()
         delta = delta[out["completion_mask"].bool() & ~torch.isnan(delta)]
