@@ -36,6 +36,7 @@ def test_inheritance_and_overrides(tmp_path):
     assert r.optim.lr == 1e-4 and r.train.steps == 7
     gpu = load_recipe("scalerl-gpu")
     assert gpu.model.dtype == "bfloat16" and gpu.eval.prompts == 1000
+    assert gpu.model.gradient_checkpointing and not load_recipe("scalerl").model.gradient_checkpointing  # GPU memory
 
 
 @pytest.mark.parametrize(
@@ -63,6 +64,7 @@ def test_inheritance_and_overrides(tmp_path):
         # numpy refuses these seeds only once each run has started (issue 42, item 8)
         ({"train.seed": -1}, r"train.seed = -1: must be in \[0, 4294967295\]"),
         ({"train.seed": 2**32}, r"train.seed = 4294967296: must be in \[0, 4294967295\]"),
+        ({"train.mismatch_every": 0}, r"train.mismatch_every = 0: must be >= 1 \(1: every step\)$"),
         # a tuple's example is its default, not its types (issue 42, item 10)
         ({"length.think_budget": "[1"}, r"length.think_budget = '\[1': expected a list of 2 numbers, e.g. \[24, 40\]$"),
         ({"algorithm.dapo_epsilon": 0.2}, r"dapo_epsilon = 0.2: expected a list of 2 numbers, e.g. \[0.2, 0.28\]$"),
