@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,33 @@ def test_a_flag_in_both_pips_configuration_and_the_arguments_reaches_uv_once(mon
     assert cmd.count("--no-index") == 1
     cmd, _ = command("uv", ["-r", "requirements.lock"])
     assert cmd.count("--no-index") == 1  # from pip's configuration alone
+
+
+def test_an_install_compiles_no_bytecode_and_makes_processes_write_what_they_import(installer, tmp_path):
+    """A fresh clone's set-up leaves bytecode to the first import of each module (a minute of
+    compiling ~20,000 modules on 2 cores, of which a run imports ~5,000), so the Makefile's processes
+    must write it even where PYTHONDONTWRITEBYTECODE is set, or every process compiles again."""
+    wheel = tmp_path / "prlprobe-1.0-py3-none-any.whl"
+    files = {
+        "prlprobe/__init__.py": "VALUE = 1\n",
+        "prlprobe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: prlprobe\nVersion: 1.0\n",
+        "prlprobe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = "prlprobe-1.0.dist-info/RECORD"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, text in files.items():
+            zf.writestr(name, text)
+        zf.writestr(record, "".join(f"{name},,\n" for name in [*files, record]))
+    target = tmp_path / "site"
+    cmd = [sys.executable, "-m", "runners.setup.install", "--no-index", "--no-deps", "--target", str(target)]
+    cmd.append(str(wheel))
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PRL_INSTALLER": installer})
+    assert res.returncode == 0, res.stdout
+    package = target / "prlprobe"
+    assert (package / "__init__.py").is_file() and not (package / "__pycache__").exists()
+
+    probe = f'probe: ; @$(BIN)/python -c "import sys; sys.path.insert(0, {str(target)!r}); import prlprobe"'
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    res = subprocess.run(["make", "-s", f"--eval={probe}", "probe"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert res.returncode == 0, res.stderr
+    assert list((package / "__pycache__").glob("__init__.*.pyc")), "make's process wrote no bytecode"
