@@ -6,10 +6,12 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 FULL    := $(VENV)/.installed-full
 export PYTHONUNBUFFERED := 1
-# the set-up installs without compiling bytecode: each process writes the bytecode of the modules it
-# imports the first time it imports them, so a fresh clone compiles the ~5,000 modules its commands
-# use, not all ~20,000 installed (a minute on 2 cores). Where PYTHONDONTWRITEBYTECODE is set, every
-# process would compile its imports again, ~10 s each: the targets' processes write it regardless
+# the runtime set installs without compiling bytecode: each process writes the bytecode of the modules
+# it imports the first time it imports them, so a fresh clone's `make ablation` compiles the ~5,000
+# modules a campaign uses, not all ~20,000 installed (a minute on 2 cores). Where
+# PYTHONDONTWRITEBYTECODE is set, every process would compile its imports again, ~10 s each: the
+# targets' processes write it regardless. The full set (setup-full: the tests) compiles all of them
+# ahead: the suite starts many processes at once that would each compile the same modules
 unexport PYTHONDONTWRITEBYTECODE
 export MPLBACKEND := Agg
 CAMPAIGN ?= loo-cpu
@@ -44,7 +46,7 @@ $(STAMP): pyproject.toml requirements.lock
 	@touch $(STAMP)
 
 $(FULL): $(STAMP) requirements-full.lock
-	@$(BIN)/python -m runners.setup.install -r requirements.lock -r requirements-full.lock
+	@$(BIN)/python -m runners.setup.install --compile -r requirements.lock -r requirements-full.lock
 	@touch $(FULL)
 
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable

@@ -84,10 +84,11 @@ def test_a_flag_in_both_pips_configuration_and_the_arguments_reaches_uv_once(mon
     assert cmd.count("--no-index") == 1  # from pip's configuration alone
 
 
-def test_an_install_compiles_no_bytecode_and_makes_processes_write_what_they_import(installer, tmp_path):
-    """A fresh clone's set-up leaves bytecode to the first import of each module (a minute of
-    compiling ~20,000 modules on 2 cores, of which a run imports ~5,000), so the Makefile's processes
-    must write it even where PYTHONDONTWRITEBYTECODE is set, or every process compiles again."""
+def test_an_install_compiles_bytecode_only_when_asked_and_make_writes_what_it_imports(installer, tmp_path):
+    """A fresh clone's runtime set-up leaves bytecode to the first import of each module (a minute of
+    compiling ~20,000 modules on 2 cores, of which a campaign imports ~5,000), so the Makefile's
+    processes must write it even where PYTHONDONTWRITEBYTECODE is set, or every process compiles
+    again; the test set's install (``--compile``) compiles ahead."""
     wheel = tmp_path / "prlprobe-1.0-py3-none-any.whl"
     files = {
         "prlprobe/__init__.py": "VALUE = 1\n",
@@ -99,15 +100,18 @@ def test_an_install_compiles_no_bytecode_and_makes_processes_write_what_they_imp
         for name, text in files.items():
             zf.writestr(name, text)
         zf.writestr(record, "".join(f"{name},,\n" for name in [*files, record]))
-    target = tmp_path / "site"
-    cmd = [sys.executable, "-m", "runners.setup.install", "--no-index", "--no-deps", "--target", str(target)]
-    cmd.append(str(wheel))
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PRL_INSTALLER": installer})
-    assert res.returncode == 0, res.stdout
-    package = target / "prlprobe"
-    assert (package / "__init__.py").is_file() and not (package / "__pycache__").exists()
+    env = {**os.environ, "PRL_INSTALLER": installer}
+    for compiled in (False, True):
+        target = tmp_path / f"site-{compiled}"
+        cmd = [sys.executable, "-m", "runners.setup.install", *(["--compile"] if compiled else [])]
+        cmd += ["--no-index", "--no-deps", "--target", str(target), str(wheel)]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+        assert res.returncode == 0, res.stdout
+        assert (target / "prlprobe/__init__.py").is_file()
+        assert (target / "prlprobe/__pycache__").exists() == compiled, f"--compile given: {compiled}"
 
-    probe = f'probe: ; @$(BIN)/python -c "import sys; sys.path.insert(0, {str(target)!r}); import prlprobe"'
+    package = tmp_path / "site-False/prlprobe"
+    probe = f'probe: ; @$(BIN)/python -c "import sys; sys.path.insert(0, {str(package.parent)!r}); import prlprobe"'
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     res = subprocess.run(["make", "-s", f"--eval={probe}", "probe"], capture_output=True, text=True, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stderr

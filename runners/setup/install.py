@@ -4,16 +4,18 @@ anything else is installed: the standard library only.
 
 The installer is `uv <https://docs.astral.sh/uv/>`_ (``uv pip install``) when the venv has it (the
 Makefile installs it first, pinned), else pip: the same pinned set either way, uv in seconds where
-pip takes minutes. Neither compiles bytecode: of the ~20,000 modules installed, a run imports
-~5,000, and the Makefile's processes write the bytecode of what they import the first time they
-import it (it unexports ``PYTHONDONTWRITEBYTECODE``), so a fresh clone does not compile the other
-~15,000 (a minute on 2 cores) before its first command. uv does not read pip's
+pip takes minutes. Bytecode is compiled only with ``--compile`` (the test set's install): of the
+~20,000 modules installed, a campaign imports ~5,000, and the Makefile's processes write the bytecode
+of what they import the first time they import it (it unexports ``PYTHONDONTWRITEBYTECODE``), so
+``make ablation`` on a fresh clone does not compile the other ~15,000 (a minute on 2 cores) first.
+The test suite compiles all of them ahead: it starts ~150 processes, many at once, which would
+otherwise each compile the same modules until the first had written them. uv does not read pip's
 configuration, so the package sources pip is configured with (``pip config list``: index URLs,
 ``find-links``, constraints, certificate) are passed on to it, and every index counts alike, as in
 pip. ``PRL_INSTALLER=pip`` picks pip.
 
-``python -m runners.setup.install [pip install arguments]``; exits with the installer's code, and on
-failure prints its last lines.
+``python -m runners.setup.install [--compile] [pip install arguments]``; exits with the installer's
+code, and on failure prints its last lines.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 
 HEARTBEAT = 15.0  # seconds without a progress line before saying it is still working
 PACKAGE = re.compile(r"^(Collecting|Requirement already satisfied:) ([A-Za-z0-9_.\-\[\]]+)")
-UV_STEP = re.compile(r"^(Resolved|Prepared|Uninstalled|Installed|Audited|Checked) \d+ package")
+UV_STEP = re.compile(r"^(?:(Resolved|Prepared|Uninstalled|Installed|Audited|Checked) \d+ package|Bytecode)")
 INSTALLERS = ("uv", "pip")
 
 
@@ -69,15 +71,17 @@ def pip_sources() -> tuple[list[str], dict[str, str]]:
     return args, env
 
 
-def command(name: str, args: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The install command line for installer ``name`` and its environment."""
+def command(name: str, args: list[str], *, compile_bytecode: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The install command line for installer ``name`` and its environment; ``compile_bytecode``: of
+    every installed module (uv), of those it installs (pip)."""
     if name == "pip":
         cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off"]
-        cmd += ["--no-compile"]
+        cmd += [] if compile_bytecode else ["--no-compile"]
         return [*cmd, *args], dict(os.environ)
     sources, env = pip_sources()
     cmd = [sys.executable, "-m", "uv", "pip", "install", "--python", sys.executable, "--color", "never"]
     cmd += ["--no-progress", "--index-strategy", "unsafe-best-match"]
+    cmd += ["--compile-bytecode"] if compile_bytecode else []
     sources = [a for a in sources if a != "--no-index" or a not in args]  # uv takes a flag once
     return [*cmd, *sources, *args], {**os.environ, **env}
 
@@ -86,12 +90,12 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds // 60:.0f} min {seconds % 60:02.0f} s"
 
 
-def install(args: list[str], say=print) -> int:
+def install(args: list[str], say=print, *, compile_bytecode: bool = False) -> int:
     """Install ``args`` (``pip install`` arguments) and report its progress; the installer's exit code."""
     name, total = installer(), pinned(args)
     files = " + ".join(args[i + 1] for i, a in enumerate(args[:-1]) if a in ("-r", "--requirement"))
     say(f"installing {total} pinned package(s) from {files} into {sys.prefix} ({name})")
-    cmd, env = command(name, args)
+    cmd, env = command(name, args, compile_bytecode=compile_bytecode)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -117,6 +121,7 @@ def install(args: list[str], say=print) -> int:
             step = UV_STEP.match(line)  # uv: "Resolved 207 packages in 1.2s", "Installed 207 packages in 5.1s"
             if step:
                 say(f"  {line}")
+                phase = "compiling bytecode" if step.group(1) == "Installed" and compile_bytecode else phase
                 last = now
             elif match:
                 seen += 1
@@ -141,7 +146,10 @@ def install(args: list[str], say=print) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return install(list(sys.argv[1:] if argv is None else argv), say=lambda m: print(m, flush=True))
+    args = list(sys.argv[1:] if argv is None else argv)
+    compile_bytecode = "--compile" in args
+    args = [a for a in args if a != "--compile"]
+    return install(args, say=lambda m: print(m, flush=True), compile_bytecode=compile_bytecode)
 
 
 if __name__ == "__main__":
