@@ -10,8 +10,8 @@ export PYTHONUNBUFFERED := 1
 # it imports the first time it imports them, so a fresh clone's `make ablation` compiles the ~5,000
 # modules a campaign uses, not all ~20,000 installed (a minute on 2 cores). Where
 # PYTHONDONTWRITEBYTECODE is set, every process would compile its imports again, ~10 s each: the
-# targets' processes write it regardless. The full set (setup-full: the tests) compiles all of them
-# ahead: the suite starts many processes at once that would each compile the same modules
+# targets' processes write it regardless. setup-full compiles the test set's packages as it installs
+# them (~4,600 modules, ~8 s): the suite's many processes import them
 unexport PYTHONDONTWRITEBYTECODE
 export MPLBACKEND := Agg
 CAMPAIGN ?= loo-cpu
