@@ -26,6 +26,16 @@ SLURM_DEBS := slurmctld slurmd slurm-client munge
 WHEELS_PY ?= 3.12
 # make test's pytest-xdist worker processes (0: one process, as plain pytest runs)
 TEST_WORKERS ?= 2
+# make test's tiers: quick, every test not marked slow (~5 min of pytest on 2 cores), or all, which adds
+# the slow tier: end-to-end runs through killed servers, SLURM, Ray and PostgreSQL (~20 min). Where CI is
+# set (.ci/run sets it) the default is all, and the suite refuses a marker selection (tests/conftest.py)
+TESTS   ?= $(if $(CI),all,quick)
+TEST_SELECT := $(if $(filter quick,$(TESTS)),-m "not slow")
+ifneq ($(filter test,$(MAKECMDGOALS)),)
+ifeq ($(filter quick all,$(TESTS)),)
+$(error TESTS=$(TESTS): make test runs the quick tier (TESTS=quick, the default) or every test (TESTS=all, the default where CI is set))
+endif
+endif
 # the installer of the pinned sets (runners.setup.install; pip when it cannot be installed)
 UV      := uv==0.13.9
 
@@ -52,9 +62,9 @@ $(FULL): $(STAMP) requirements-full.lock
 setup: $(STAMP) ## create .venv with the pinned runtime set (requirements.lock) and the project, editable
 setup-full: $(FULL) ## add the pinned test, lint, JupyterLab and Ray set (requirements-full.lock)
 
-test: $(FULL) postgres chromium slurm ## ruff + the whole test suite, TEST_WORKERS at a time [TEST_WORKERS=2]
+test: $(FULL) postgres chromium slurm ## ruff + the quick test tier; TESTS=all (the default under CI) adds the slow tier [TEST_WORKERS=2]
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(TEST_SELECT)
 
 chromium: # Debian's headless Chromium, for the test that renders the MLflow UI (installed with apt when root)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \

@@ -73,8 +73,14 @@ def pytest_configure(config):
     starts (``OMP_NUM_THREADS``, which a campaign passes on to its runs). Oversubscribed OpenMP
     threads spin: three tiny base-model builds at once on 2 cores took 99-138 s and 66-106 s of CPU
     each with torch's default threads, 28-29 s and 20 s each with one thread. The SLURM backend
-    polls squeue every second, not every 5 s (``PRL_SLURM_POLL_S``): a job's end is seen sooner."""
+    polls squeue every second, not every 5 s (``PRL_SLURM_POLL_S``): a job's end is seen sooner. Under CI
+    no test is left out by a marker (``make test``'s quick tier is ``-m "not slow"``): the slow tier runs too."""
     os.environ.setdefault("PRL_SLURM_POLL_S", "1")
+    if os.environ.get("CI") and config.option.markexpr:
+        raise pytest.UsageError(
+            f"under CI every test runs, so a marker selection (-m {config.option.markexpr!r}) is refused: "
+            "make test runs every tier where CI is set (TESTS=all)"
+        )
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:
         from runners.campaign.backends.local import cores

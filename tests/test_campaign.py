@@ -116,10 +116,10 @@ def record(request, group):
 
 
 def make_test_pytest_options() -> list[str]:
-    """The options of ``make test``'s pytest line (the Makefile's own), with 2 workers."""
+    """The options of ``make test``'s pytest line (the Makefile's own), with 2 workers, every tier."""
     makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
     (line,) = [x for x in makefile.splitlines() if "-m pytest" in x and x.startswith("\t")]
-    return line.split("-m pytest", 1)[1].replace("$(TEST_WORKERS)", "2").split()
+    return line.split("-m pytest", 1)[1].replace("$(TEST_WORKERS)", "2").replace("$(TEST_SELECT)", "").split()
 
 
 @pytest.mark.xdist_group("concurrent-campaign")
