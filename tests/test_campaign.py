@@ -144,7 +144,6 @@ def test_make_tests_workers_keep_each_xdist_group_on_one_worker(request, tmp_pat
         assert request.node.nodeid.endswith("@concurrent-campaign"), request.node.nodeid
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("concurrent-campaign")  # one worker runs it, no other waits for it
 def test_a_campaign_lands_in_mlflow_its_concurrent_runs_lose_no_metric_and_a_rerun_runs_nothing(
     concurrent_campaign, monkeypatch

@@ -106,7 +106,6 @@ def test_every_estimate_the_loo_table_prints_lies_in_its_interval(loo_cpu):
     assert not outside, outside
 
 
-@pytest.mark.slow
 @pytest.mark.xdist_group("concurrent-campaign")  # the worker that holds the campaign runs it
 def test_a_campaign_fitted_from_mlflow_prints_its_summary_and_its_ui_address(
     concurrent_campaign, monkeypatch, tmp_path_factory, cli
