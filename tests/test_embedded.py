@@ -116,6 +116,22 @@ def test_a_change_to_the_build_code_is_reviewed_against_build_version():
     )
 
 
+def test_the_build_fingerprint_reads_the_same_on_every_python_version():
+    """A def and an f-string, as Python 3.10 to 3.13 each parse them (ast.dump's text differs on each of
+    3.11, 3.12 and 3.13, and with it the fingerprint: the test above failed on Python 3.12)."""
+    import ast
+
+    from runners.task.basemodel import syntax_text
+
+    tree = ast.parse("def f(x):\n    return f\"{x} {', '.join(x)}\"\n")
+    assert syntax_text(tree) == (
+        "Module(body=[FunctionDef(name='f', args=arguments(args=[arg(arg='x')]), body=[Return(value=JoinedStr("
+        "values=[FormattedValue(value=Name(id='x', ctx=Load()), conversion=-1), Constant(value=' '), "
+        "FormattedValue(value=Call(func=Attribute(value=Constant(value=', '), attr='join', ctx=Load()), "
+        "args=[Name(id='x', ctx=Load())]), conversion=-1)]))])])"
+    )
+
+
 def test_the_base_model_build_reports_its_progress_with_the_time_left(tiny_base, cache_dir):
     """A build takes minutes on a CPU: it says so at every tenth of its SFT steps, with the time left,
     and before it evaluates the result."""

@@ -31,9 +31,24 @@ from runners.task.tasks import ArithmeticTask
 from runners.task.tokenizer import build_tokenizer
 
 
+def syntax_text(node) -> str:
+    """A syntax tree as text that is the same on every Python version: ``ast.dump``'s is not (3.12 adds
+    an empty ``type_params`` to every def and quotes f-strings its own way, 3.13 leaves empty fields out),
+    so here an empty field is left out everywhere."""
+    import ast  # noqa: PLC0415
+
+    if isinstance(node, list):
+        return "[" + ", ".join(map(syntax_text, node)) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = ", ".join(f"{k}={syntax_text(v)}" for k, v in ast.iter_fields(node) if v is not None and v != [])
+    return f"{type(node).__name__}({fields})"
+
+
 def build_fingerprint() -> str:
     """Hash of the code that decides what a base-model build makes — the tokenizer and task modules,
-    ``sizes.ModelSize``, ``sizes.SIZES`` and ``_build`` — ignoring comments, docstrings and formatting."""
+    ``sizes.ModelSize``, ``sizes.SIZES`` and ``_build`` — ignoring comments, docstrings and formatting,
+    the same on every Python version (:func:`syntax_text`)."""
     import ast  # noqa: PLC0415
     import inspect  # noqa: PLC0415
     import sys  # noqa: PLC0415
@@ -57,8 +72,8 @@ def build_fingerprint() -> str:
         if (isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in ("ModelSize", "_build"))
         or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "SIZES")
     ]
-    parts = [ast.dump(strip(ast.parse(inspect.getsource(m)))) for m in (tokenizer, tasks)]
-    parts += [ast.dump(strip(n)) for n in wanted]
+    parts = [syntax_text(strip(ast.parse(inspect.getsource(m)))) for m in (tokenizer, tasks)]
+    parts += [syntax_text(strip(n)) for n in wanted]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 

@@ -16,8 +16,9 @@ BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes
 # basemodel.build_fingerprint() when BUILD_VERSION was last reviewed: tests/test_embedded.py fails when
 # the build code changes until both are looked at (bump the version if what is built changes, then this).
 # Last review: large's SFT went from 1,500 to 3,000 steps; not bumped, as a size's spec is in its build
-# key already (large's cached 1,500-step builds are not reused) and no other size's build changed
-BUILD_FINGERPRINT = "ee413f4ba6038929"
+# key already (large's cached 1,500-step builds are not reused) and no other size's build changed.
+# Re-recorded, not re-reviewed, when the fingerprint's text became the same on every Python (3.10-3.13)
+BUILD_FINGERPRINT = "f637cd34fa692513"
 
 
 @dataclass(frozen=True)
