@@ -26,7 +26,7 @@ SLURM_DEBS := slurmctld slurmd slurm-client munge
 WHEELS_PY ?= 3.12
 # make test's pytest-xdist worker processes (0: one process, as plain pytest runs)
 TEST_WORKERS ?= 2
-# make test's tiers: quick, every test not marked slow (~5 min of pytest on 2 cores), or all, which adds
+# make test's tiers: quick, every test not marked slow (4.5-6.5 min of pytest on 2 cores), or all, which adds
 # the slow tier: end-to-end runs through killed servers, SLURM, Ray and PostgreSQL (~20 min). Where CI is
 # set (.ci/run sets it) the default is all, and the suite refuses a marker selection (tests/conftest.py)
 TESTS   ?= $(if $(CI),all,quick)

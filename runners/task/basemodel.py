@@ -32,9 +32,9 @@ from runners.task.tokenizer import build_tokenizer
 
 
 def syntax_text(node) -> str:
-    """A syntax tree as text that is the same on every Python version: ``ast.dump``'s is not (3.12 adds
-    an empty ``type_params`` to every def and quotes f-strings its own way, 3.13 leaves empty fields out),
-    so here an empty field is left out everywhere."""
+    """A syntax tree as text that is the same on every Python version. ``ast.dump``'s is not (3.12 adds
+    an empty ``type_params`` to every def, 3.13 leaves empty fields out), nor is ``ast.unparse``'s (3.12
+    quotes f-strings its own way), so here an empty field is left out everywhere."""
     import ast  # noqa: PLC0415
 
     if isinstance(node, list):
