@@ -96,6 +96,9 @@ bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; fore
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
 	$(BIN)/python -m tests.bench_predict
 
+bench-build: $(STAMP) ## are two builds of one base-model key the same weights? deterministic vs default builds, hashes and time [RECIPE=scalerl] [SIZE=] [BUILDS=2]
+	$(BIN)/python -m tests.bench_build --recipe $(or $(RECIPE),scalerl) $(if $(SIZE),--size $(SIZE)) --builds $(or $(BUILDS),2) --out artifacts/bench-build
+
 bench-sizes: $(STAMP) ## across-size fit: time for 10 sizes x 5 seeds (target < 5 s) and calibration on synthetic scale studies
 	$(BIN)/python -m tests.bench_sizes
 

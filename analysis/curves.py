@@ -54,12 +54,13 @@ def load_curves(
         df.insert(2, "axis", tags.get(store.AXIS, ""))
         df.insert(3, "seed", int(tags.get(store.SEED, 0)))
         df["run_id"] = run.info.run_id
+        df["build"] = tags.get(store.BASE_WEIGHTS, "")[:12]  # the weights it started from (analysis.builds)
         df["done"] = store.is_done(run)
         df["stopped"] = tags.get(store.STOP_DECISION, "") if store.is_stopped(run) else ""
         frames.append(df[df["step"].isin(cols[MEAN_AT_16].index)])  # a logged NaN stays, to be named (bad_points)
     if not frames:
         raise ValueError(f"campaign {campaign!r} has no validation curves yet")
-    cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "done", "stopped"]
+    cols = ["run", "variant", "axis", "seed", "step", *CURVE_METRICS, "run_id", "build", "done", "stopped"]
     curves = pd.concat(frames, ignore_index=True)[cols].sort_values(["variant", "seed", "step"], ignore_index=True)
     _one_run_per_seed(curves, f"campaign {campaign!r} at {client.tracking_uri}", "run_id")
     return curves
@@ -108,7 +109,7 @@ def read_curves(path: Path, settings: FitSettings) -> pd.DataFrame:
             f"{path}: run {rep['run'].iloc[0]!r} has step {rep['step'].iloc[0]} more than once (a file joined twice?)"
         )
     _one_run_per_seed(curves, str(path), run_col)
-    text = [c for c in ("axis", "stopped") if c in curves]
+    text = [c for c in ("axis", "stopped", "build") if c in curves]
     return curves.astype({c: object for c in text}).fillna({c: "" for c in text})
 
 

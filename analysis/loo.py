@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from analysis import evidence
+from analysis import builds, evidence
 from analysis.curves import bad_points, load_curves, read_curves, steady_points
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model
 from analysis.render import plot_campaign, report_folder, runs_markdown, to_markdown
@@ -96,6 +96,8 @@ def write_fit(curves: pd.DataFrame, out: Path, settings: FitSettings, title: str
     (out / "loo_table.md").write_text(to_markdown(table))
     plot_campaign(curves, extra, out / "loo_curves.png", settings, title)
     extrapolation_check(curves, settings, model=half).to_csv(out / "extrapolation.csv", index=False)
+    if builds.mixed(curves) is not None:  # several base models: each variant by build, with their spread
+        (out / "builds.md").write_text(builds.markdown(curves))
     return table
 
 
@@ -139,6 +141,8 @@ def write_report(
     logged to the campaign's parent run. ``current``: as ``load_curves``."""
     out.mkdir(parents=True, exist_ok=True)
     curves = load_curves(campaign, tracking_uri, current, log=log)
+    if (mixed := builds.mixed(curves)) is not None:
+        log(f"warning: {mixed}")
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, settings, title=campaign)
     client = store.read_client(tracking_uri)

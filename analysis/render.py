@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import builds
 from analysis.curves import bad_points, unstable_points
 from runners.contract import MEAN_AT_16
 from scalefit.models import make_model
@@ -31,6 +32,8 @@ def to_markdown(table: pd.DataFrame) -> str:
     models = [m for m in table.get("fit_model", pd.Series(dtype=object)).dropna().unique() if m]
     if models:
         lines += [f"Fit: {models[0]}.", ""]
+    if (base := builds.line(table)) is not None:
+        lines += [base[0].upper() + base[1:] + ".", ""]
     fitted = table.get("model", pd.Series(dtype=object)).dropna()
     names = make_model(fitted.iloc[0] if len(fitted) else "sigmoid").param_names  # the table's columns
     heads = ["A [interval]" if p == "A" and "A_lo" in table else p for p in names]

@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import builds
+
 WIDTH = 100  # columns: every line but a UI address, which is printed alone on its line to stay one link
 A_W, DELTA_W, CALL_W = 5, 25, 15  # the variant's column is as wide as its longest name (8 to 24)
 
@@ -184,6 +186,8 @@ def summary(
         lines.append(_row(w, str(r["variant"]), a_cell, why, delta, call))
     if "unstable" in table:
         lines += _unstable_line(table) + _steady_lines(table, k)
+    if (base := builds.line(table)) is not None:
+        lines.append(_cut(base, WIDTH))
     lines += [
         _cut(
             f"Δ: the fits' difference at the budget; m: measured (the seeds' last-{k} means) where no fit gives one",

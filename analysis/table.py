@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis import builds
 from analysis.curves import bad_points, steady_points, unfinished
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model, warn_wall_clock
 from analysis.planner import plan as seed_plan
@@ -56,6 +57,8 @@ def fit_table(
         table = table.merge(measured_steady(curves, flags, settings, arms), on="variant", how="left")
     table = table.merge(_resolvable(curves, x, settings), on="variant", how="left")
     table = _flag_identical_curves(curves, table, x)
+    if (built := builds.column(curves)) is not None:  # the base models the runs started from
+        table = table.merge(built, on="variant", how="left")
     return table, {"fits": model.fits, "forecasts": model.forecasts, "model": model, "half": half, "table": table}
 
 

@@ -66,7 +66,9 @@ def cmd_base_model(args: argparse.Namespace) -> int:
     if recipe.model.size is None:
         raise RecipeError("base-model: this recipe uses model.path, there is nothing to build")
     t0 = time.perf_counter()
-    path = ensure_base_model(recipe.model.size, recipe.data.task, log=lambda m: print(m, flush=True))
+    path = ensure_base_model(
+        recipe.model.size, recipe.data.task, build_seed=recipe.model.build_seed, log=lambda m: print(m, flush=True)
+    )
     print(f"{path} ({time.perf_counter() - t0:.0f} s)")
     return 0
 

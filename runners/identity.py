@@ -23,12 +23,15 @@ def code_version() -> str:
 
 
 def run_key(recipe: Recipe, **context: str) -> str:
-    """Identity of a run: hash of the fully resolved recipe (seed included), ``code_version()``, the
-    build key of its embedded base model (a size names its shape and SFT only through it: a size
-    whose SFT changes gives its runs new identities, so no run trained on the old build is reused)
+    """Identity of a run: hash of the fully resolved recipe (seed included; ``model.build_seed`` only
+    when set), ``code_version()``, the build key of its embedded base model (a size names its shape
+    and SFT only through it: a size whose SFT changes gives its runs new identities, so no run
+    trained on the old build is reused)
     and any context that also names it (a single run's folder)."""
-    base = {"base": build_key(recipe.model.size, recipe.data.task)} if recipe.model.size else {}
-    blob = json.dumps(
-        {"recipe": recipe.to_dict(), "code": code_version(), **base, **context}, sort_keys=True, default=str
-    )
+    m = recipe.model
+    base = {"base": build_key(m.size, recipe.data.task, m.build_seed)} if m.size else {}
+    resolved = recipe.to_dict()
+    if m.build_seed is None:  # the key is newer than most runs: left out unset, their identities stay
+        del resolved["model"]["build_seed"]
+    blob = json.dumps({"recipe": resolved, "code": code_version(), **base, **context}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -44,7 +44,9 @@ def train_command(recipe: Recipe, call: TrainCall) -> int:
         from runners.tracking.store import check_store, default_tracking_uri
 
         check_store(default_tracking_uri())  # a corrupt store: one line, before a folder, a lock, a run or a model
-    if recipe.model.size is not None and (problem := cache_problem(recipe.model.size, recipe.data.task)):
+    if recipe.model.size is not None and (
+        problem := cache_problem(recipe.model.size, recipe.data.task, None, recipe.model.build_seed)
+    ):
         raise RunFolderError(problem)  # a base model to build into a read-only cache: before a run or the build
     check_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
     with writer(run_dir, recipe):  # this process is the folder's one writer, for the whole run
@@ -77,10 +79,17 @@ def launch_distributed(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
     cmd += ["--run-dir", str(run_dir)]
     cmd += ["--untracked"] if call.untracked else ["--experiment", call.experiment]
     cmd += ["--new-store"] if call.new_store else []  # rank 0 makes the single run's store, where asked
-    if recipe.model.size is not None:  # build the base model once, here, not in every process
+    if recipe.model.size is not None and os.environ.get("MLFLOW_RUN_ID"):  # a tracked run's: ready, checked, once
+        from mlflow.tracking import MlflowClient
+
+        from runners.tracking.basemodels import ready
+        from runners.tracking.store import default_tracking_uri
+
+        ready(MlflowClient(default_tracking_uri()), os.environ["MLFLOW_RUN_ID"], recipe, log=print)
+    elif recipe.model.size is not None:  # build the base model once, here, not in every process
         from runners.task.basemodel import ensure_base_model
 
-        ensure_base_model(recipe.model.size, recipe.data.task, log=lambda m: print(m, flush=True))
+        ensure_base_model(recipe.model.size, recipe.data.task, build_seed=recipe.model.build_seed, log=print)
     device = "GPUs" if torch.cuda.is_available() else "CPU processes (gloo)"
     print(f"launching {n} {device} through accelerate ({layout.describe()})", flush=True)
     return subprocess.call(cmd, preexec_fn=parent_death_preexec())  # the launcher dies with this process

@@ -65,6 +65,7 @@ class LoraSection:
 @dataclass
 class ModelConfig:
     size: str | None = "small"  # embedded base model: a name in runners.task.sizes.SIZES (tiny, small, medium, ...)
+    build_seed: int | None = None  # an independent build of that size (None: the size's one build, as before)
     path: str | None = None  # or any local Hugging Face checkpoint directory
     dtype: Literal["float32", "bfloat16"] = "float32"
     attention: Literal["sdpa", "eager"] = "sdpa"  # transformers' attn_implementation
@@ -420,6 +421,11 @@ def _check_model(r: Recipe) -> None:
         f"got size={m.size!r}, path={m.path!r}",
     )
     _require(m.size is None or m.size in SIZES, f"model.size = {m.size!r}: choose one of {', '.join(SIZES)}")
+    _require(
+        m.build_seed is None or (m.size is not None and 0 <= m.build_seed <= SEED_MAX),
+        f"model.build_seed = {m.build_seed!r}: a build seed picks one of an embedded size's independent builds; "
+        f"use a whole number in [0, {SEED_MAX}] with model.size, or leave it out (model.path loads given weights)",
+    )
     if m.lora is not None:
         lo = m.lora
         _require(lo.r >= 1, f"model.lora.r = {lo.r}: the adapter rank must be >= 1 (e.g. 16)")

@@ -101,10 +101,12 @@ def unwritable(folder: Path) -> str | None:
     return None
 
 
-def cache_problem(size: str, task: ArithmeticTask, cache_dir: Path | None = None) -> str | None:
+def cache_problem(
+    size: str, task: ArithmeticTask, cache_dir: Path | None = None, build_seed: int | None = None
+) -> str | None:
     """Why base model ``size`` of ``task``, not built yet, cannot be built into its cache (one line
     naming the folder and the fix); None when it is cached or can be built."""
-    path = base_model_path(size, task, cache_dir)
+    path = base_model_path(size, task, cache_dir, build_seed)
     if (path / "build_info.json").is_file():
         return None
     why = unwritable(path.parent)

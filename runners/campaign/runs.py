@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,9 @@ from runners.contract import STOP_FILE
 from runners.locks import hold
 from runners.modes import make_dir
 from runners.runfolder import has_history, recorded_store, remember_store, set_aside
-from runners.task.sizes import parameter_count
-from runners.tracking import store
+from runners.task.sizes import base_model_path, parameter_count
+from runners.task.weights import base_weights
+from runners.tracking import basemodels, store
 from runners.tracking.run import new_run
 
 
@@ -98,7 +99,9 @@ def check_folders(camp: Campaign, specs: list[RunSpec], runs_root: Path) -> None
             "and MLflow artifacts go there), or run the campaign from another folder"
         )
     for spec in specs:
-        problem = spec.recipe.model.size and cache_problem(spec.recipe.model.size, spec.recipe.data.task)
+        problem = spec.recipe.model.size and cache_problem(
+            spec.recipe.model.size, spec.recipe.data.task, None, spec.recipe.model.build_seed
+        )
         if problem:
             raise CampaignError(problem)
 
@@ -189,6 +192,8 @@ class _Tracked:
     log: Callable[[str], None]
     watched: Any = None  # the tracking server in front of a SQLite store (``runners.campaign.watch``)
     monitor: Any = None  # an adaptive campaign's decisions (``runners.campaign.adaptive.Monitor``)
+    bases: dict[str, tuple[Path, str | None]] = field(default_factory=dict)  # build -> cache folder, weights used
+    weights: dict[str, str] = field(default_factory=dict)  # build -> the weights its runs start from
 
     def to_run(self, specs: list[RunSpec], resume_stopped: bool) -> tuple[list[RunSpec], set[str]]:
         """The runs not done (nor stopped by an adaptive decision, unless ``resume_stopped``: those are
@@ -220,8 +225,45 @@ class _Tracked:
             self.worker_client = MlflowClient(self.worker_uri)
             if self.camp.adaptive is not None and decide:
                 self.monitor = self._monitor(specs, resumed)
-            failures = run_all(backend_of(self.camp, self.log), todo, self.prepare, self.root, monitor=self.poll)
+            self.find_bases(todo)
+            backend = backend_of(self.camp, self.log)
+            failures = run_all(backend, todo, self.prepare, self.root, monitor=self.poll, started=self.check_bases)
             return failures, self._saved()
+
+    def find_bases(self, todo: list[RunSpec]) -> None:
+        """Before any build: the embedded builds ``todo`` starts from, each with the weights the
+        campaign's runs of it started from; a cache that lacks one takes the campaign's logged copy
+        (``basemodels.fetch``) rather than building weights of its own."""
+        runs = list(self.existing.values())
+        for spec in todo:
+            m = spec.recipe.model
+            path = m.size and base_model_path(m.size, spec.recipe.data.task, None, m.build_seed)
+            if not path or path.name in self.bases:
+                continue
+            had = basemodels.recorded(self.client, self.parent, runs, path.name)
+            self.bases[path.name] = (path, had)
+            missing = had is not None and not (path / "build_info.json").is_file()
+            if missing and basemodels.fetch(self.client, self.parent.info.run_id, path.name, path, had):
+                self.log(
+                    f"base model {path.name}: the campaign's own (weights {basemodels.short(had)}), from its store"
+                )
+
+    def check_bases(self) -> None:
+        """Once the backend has built what was missing, before a run starts: each build's weights here
+        are those the campaign's runs used (else one line, ``basemodels.mismatch``); a first use is
+        recorded on the parent run and its build logged there for other machines and nodes."""
+        parent = self.parent.info.run_id
+        for name, (path, had) in self.bases.items():
+            if not (path / "build_info.json").is_file():  # built into a node's own cache: its runs check it
+                continue
+            have = base_weights(path)
+            if had is not None and have != had:
+                raise CampaignError(str(basemodels.mismatch(name, had, have, path)))
+            if had is None:
+                self.client.set_tag(parent, store.BASE_WEIGHTS_OF + name, have)
+                self.log(f"base model {name}: weights {basemodels.short(have)}, recorded for the campaign's runs")
+            basemodels.publish(self.client, parent, path)
+            self.weights[name] = have
 
     def serving(self) -> None:
         """A server lost for good ends the campaign: its parent FAILED (in the store), one line."""
@@ -243,6 +285,13 @@ class _Tracked:
         run_id = self.mlflow_run(spec).info.run_id
         make_dir(run_folder(self.root, spec))
         launch = command(spec, run_id, self.worker_uri, self.root)
+        m = spec.recipe.model
+        if m.size and (
+            sha := self.weights.get(base_model_path(m.size, spec.recipe.data.task, None, m.build_seed).name)
+        ):
+            launch.env[store.EXPECTED_WEIGHTS] = (
+                sha  # a node whose cache holds other weights refuses, one that lacks them fetches
+            )
         remember_store(launch.run_dir, store.store_key(self.uri), run_id)  # its store, not the server in front
         return launch
 

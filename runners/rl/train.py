@@ -343,7 +343,7 @@ def prepare_model(recipe: Recipe, log=print):
     if recipe.model.path is not None:
         path = Path(recipe.model.path)
     else:
-        path = ensure_base_model(recipe.model.size, recipe.data.task, log=log)
+        path = ensure_base_model(recipe.model.size, recipe.data.task, build_seed=recipe.model.build_seed, log=log)
     # fp32 master weights always; model.dtype bfloat16 trains under bf16 autocast (GRPOConfig bf16=True).
     # Pure-bf16 weights with Adam went NaN within 10 steps on an H200 (plain TRL too).
     # QLoRA: frozen NF4 weights (double quantisation), bf16 compute; only the adapters train.

@@ -4,18 +4,25 @@ No model hub is reachable, so the project makes its own "SFT checkpoint before R
 a decoder-only Llama (untied LM head, so the FP32-head axis applies) in a few named
 sizes, trained with TRL's ``SFTTrainer`` on the task's imperfect demonstrations.
 The result is a standard Hugging Face directory (``AutoModelForCausalLM`` /
-``AutoTokenizer``), cached under a hash of everything that determines it. A cache that takes no
-file is one line before the build (``runners.runfolder.cache_problem``), not a traceback after it.
+``AutoTokenizer``), cached under a hash of everything that determines it (its build key). A cache that
+takes no file is one line before the build (``runners.runfolder.cache_problem``), not a traceback after it.
+
+A build key names a configuration, not weights: two builds of one key on GPUs whose kernels reduce in
+another order differ. So a build runs PyTorch's deterministic algorithms (``deterministic_algorithms``)
+and its ``build_info.json`` records the sha256 of the weights it made (``weights_sha256``), which
+every run that starts from them carries (``runners.tracking.basemodels``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -29,6 +36,7 @@ from runners.task.evaluation import evaluate
 from runners.task.sizes import SIZES, base_model_path, build_key
 from runners.task.tasks import ArithmeticTask
 from runners.task.tokenizer import build_tokenizer
+from runners.task.weights import weights_sha256
 
 
 def syntax_text(node) -> str:
@@ -82,37 +90,83 @@ def ensure_base_model(
     task: ArithmeticTask | None = None,
     cache_dir: Path | None = None,
     *,
+    build_seed: int | None = None,
     eval_prompts: int = 100,
+    deterministic: bool = True,
     log=print,
 ) -> Path:
-    """Return the cached base model for (size, task), building it first if missing."""
+    """Return the cached base model for (size, task, build_seed), building it first if missing.
+    ``deterministic``: PyTorch's deterministic algorithms during the build (``deterministic_algorithms``)."""
     if size not in SIZES:
         raise ValueError(f"model size {size!r} is not one of {', '.join(SIZES)}")
     task = task or ArithmeticTask()
-    path = base_model_path(size, task, cache_dir)
+    path = base_model_path(size, task, cache_dir, build_seed)
     if (path / "build_info.json").is_file():
         return path
-    problem = cache_problem(size, task, cache_dir)
+    problem = cache_problem(size, task, cache_dir, build_seed)
     if problem is not None:  # one line before the build's compute, not a traceback after it
         raise RunFolderError(problem)
     log(f"building base model '{size}' for {task} → {path}")
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    info = _build(size, task, tmp, eval_prompts=eval_prompts, log=log)
+    info = _build(
+        size, task, tmp, build_seed=build_seed, eval_prompts=eval_prompts, deterministic=deterministic, log=log
+    )
+    info["weights_sha256"] = weights_sha256(tmp)
     (tmp / "build_info.json").write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)  # atomic: a crash mid-build leaves no half-written cache entry
     log(
         f"base model ready: mean@16 {info['val']['mean_at_k']:.3f}, pass@16 {info['val']['pass_at_k']:.3f} "
-        f"({info['parameters'] / 1e6:.2f}M parameters, {info['seconds']:.0f} s on {info['device']})"
+        f"({info['parameters'] / 1e6:.2f}M parameters, {info['seconds']:.0f} s on {info['device']}; "
+        f"weights {info['weights_sha256'][:12]})"
     )
     return path
 
 
-def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log) -> dict:
+def build_seed_of(task: ArithmeticTask, build_seed: int | None) -> int:
+    """The random seed of a build: the task's (the one build of a size, as before build seeds), or one
+    drawn from it and ``model.build_seed`` (an independent build: another initialisation and SFT order)."""
+    if build_seed is None:
+        return task.seed
+    return int.from_bytes(hashlib.sha256(f"build-{task.seed}-{build_seed}".encode()).digest()[:4], "big")
+
+
+@contextlib.contextmanager
+def deterministic_algorithms(on: bool = True) -> Iterator[None]:
+    """PyTorch's deterministic algorithms while the block runs (with cuBLAS's fixed workspace, which
+    CUDA needs for them), restored after: the RL run that may follow a build keeps its own kernels."""
+    if not on:
+        yield
+        return
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace or ":4096:8"
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic = before[1]
+        if workspace is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+def _build(
+    size: str,
+    task: ArithmeticTask,
+    out: Path,
+    *,
+    eval_prompts: int,
+    log,
+    build_seed: int | None = None,
+    deterministic: bool = True,
+) -> dict:
     t0 = time.perf_counter()
     spec = SIZES[size]
-    torch.manual_seed(task.seed)
+    seed = build_seed_of(task, build_seed)
+    torch.manual_seed(seed)
     disable_progress_bars()
     tokenizer = build_tokenizer()
     config = LlamaConfig(
@@ -145,7 +199,7 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         logging_strategy="no",
         save_strategy="no",
         report_to="none",
-        seed=task.seed,
+        seed=seed,
         bf16=False,
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=4 if torch.cuda.is_available() else 0,
@@ -157,7 +211,8 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         model=model, args=args, train_dataset=demos, processing_class=tokenizer, callbacks=[SFTProgress(log)]
     )
     t_sft = time.perf_counter()
-    trainer.train()
+    with deterministic_algorithms(deterministic):
+        trainer.train()
     sft_seconds = time.perf_counter() - t_sft
     shutil.rmtree(out / "sft", ignore_errors=True)
     model = trainer.model
@@ -173,7 +228,9 @@ def _build(size: str, task: ArithmeticTask, out: Path, *, eval_prompts: int, log
         "size": size,
         "parameters": sum(p.numel() for p in model.parameters()),
         "task": task.to_dict(),
-        "key": build_key(size, task),
+        "key": build_key(size, task, build_seed),
+        "build_seed": build_seed,
+        "deterministic": deterministic,
         "val": metrics,
         "samples": samples,
         "seconds": time.perf_counter() - t0,  # the build's cost: SFT, evaluation and saving

@@ -17,8 +17,13 @@ BUILD_VERSION = 1  # bump when the tokenizer, task rendering or SFT code changes
 # the build code changes until both are looked at (bump the version if what is built changes, then this).
 # Last review: large's SFT went from 1,500 to 3,000 steps; not bumped, as a size's spec is in its build
 # key already (large's cached 1,500-step builds are not reused) and no other size's build changed.
-# Re-recorded, not re-reviewed, when the fingerprint's text became the same on every Python (3.10-3.13)
-BUILD_FINGERPRINT = "f637cd34fa692513"
+# Re-recorded, not re-reviewed, when the fingerprint's text became the same on every Python (3.10-3.13).
+# Reviewed again for build seeds and deterministic builds (issue 59): not bumped. A recipe without
+# model.build_seed builds with the task's seed as before, and on the CPU the deterministic build makes
+# the very weights the default one did (tiny: 1147e7bb1898 both ways, results/builds-gpu); on a GPU no
+# two builds of a key were the same weights before (two default micro builds on one H200 differed), so
+# there was no build to keep.
+BUILD_FINGERPRINT = "2aa527ed2b2e6034"
 
 
 @dataclass(frozen=True)
@@ -68,10 +73,18 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("PRL_CACHE", "artifacts")) / "base-models"
 
 
-def build_key(size: str, task: ArithmeticTask) -> str:
+def build_key(size: str, task: ArithmeticTask, build_seed: int | None = None) -> str:
+    """What a build of ``size`` for ``task`` is made from (its shape, SFT, task and the build code's
+    version), hashed; ``build_seed`` (``model.build_seed``) names an independent build of the same
+    configuration, and ``None`` the one build every recipe had before build seeds (its key unchanged).
+    The key names a configuration, not weights: ``basemodel.weights_sha256`` names those."""
     spec = {"size": asdict(SIZES[size]), "task": task.to_dict(), "version": BUILD_VERSION}
+    if build_seed is not None:
+        spec["build_seed"] = build_seed
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def base_model_path(size: str, task: ArithmeticTask, cache_dir: Path | None = None) -> Path:
-    return (cache_dir or default_cache_dir()) / f"{size}-{build_key(size, task)}"
+def base_model_path(
+    size: str, task: ArithmeticTask, cache_dir: Path | None = None, build_seed: int | None = None
+) -> Path:
+    return (cache_dir or default_cache_dir()) / f"{size}-{build_key(size, task, build_seed)}"

@@ -20,7 +20,7 @@ from runners.contract import MEAN_AT_16
 from runners.identity import code_version, run_key
 from runners.recipe import Recipe
 from runners.runfolder import RunFolderError, has_history, recorded_store, remember_store, set_aside
-from runners.tracking import store
+from runners.tracking import basemodels, store
 
 #: A trainer's MLflow HTTP calls, bounded through MLflow's own settings (its defaults: 7 retries,
 #: backoff factor 2, 120 s timeout, about 4 min a call against a server that is gone; with the
@@ -150,6 +150,7 @@ def tracked_train(recipe, run_dir: Path, log=print) -> dict:
     os.environ.update(http_limits())  # this process is the trainer: its MLflow calls give up in ~30 s
     client = MlflowClient()
     run_id = os.environ["MLFLOW_RUN_ID"]
+    basemodels.tag_run(client, run_id, *basemodels.ready(client, run_id, recipe, log=log))  # before any step
     try:
         with mlflow.start_run(run_id=run_id, log_system_metrics=True):
             sink = MlflowSink(client, run_id, log=log)

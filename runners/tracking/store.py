@@ -51,6 +51,15 @@ PLACEMENT = "prl.placement"  # where the run's latest attempt ran: a Ray node, a
 IMPORTED_FROM = "prl.imported_from"  # a copied run's source run id: a second import skips it
 READING = "prl.reading"  # set by `analysis fit`: slower or lower against the baseline (scalefit.slower_or_lower)
 UNSTABLE = "prl.unstable"  # set by `analysis fit`: where the run left its sibling seeds (scalefit.unstable)
+BASE_MODEL = "prl.base_model"  # the embedded build a run starts from (``size-buildkey``), or its model.path
+BASE_WEIGHTS = "prl.base_weights"  # the sha256 of the weights it starts from (``runners.task.weights``)
+BASE_WEIGHTS_OF = (
+    "prl.base_weights."  # + build name, on a campaign's parent run: the weights its runs of that build use
+)
+BASE_MODELS_DIR = (
+    "base-models"  # a campaign parent run's artifacts: each build it uses, whole (``tracking.basemodels``)
+)
+EXPECTED_WEIGHTS = "PRL_BASE_WEIGHTS"  # a campaign's run's environment: the weights it must start from
 # MLflow's own experiment tag for which view its UI opens: training runs, not GenAI traces.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Tags of a campaign's parent run.

@@ -167,15 +167,19 @@ def run_all(
     prepare: Callable[[RunSpec], Launch],
     root: Path,
     monitor: Callable[[], None] | None = None,
+    started: Callable[[], None] | None = None,
 ) -> list[Failure]:
     """Hand ``todo`` to ``backend`` as it has room (``prepare(spec)`` gives a run its MLflow run and
     command just before it is submitted) until every run has ended; returns the failures with the
-    tail of their logs. ``monitor`` is called between polls; interrupted, the backend cancels its runs."""
+    tail of their logs. ``monitor`` is called between polls, ``started`` once the backend has started
+    (its base models built) and before the first run; interrupted, the backend cancels its runs."""
     progress = _Progress(backend.log, len(todo))
     queue, failures = list(todo), []
     try:
         if todo:
             backend.start(todo, root)
+            if started is not None:
+                started()
         while queue or progress.active:
             while queue and backend.room():
                 launch = prepare(queue.pop(0))

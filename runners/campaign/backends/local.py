@@ -140,7 +140,9 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
     users: dict[Path, list[RunSpec]] = {}
     for spec in todo:
         if spec.recipe.model.size is not None:
-            users.setdefault(base_model_path(spec.recipe.model.size, spec.recipe.data.task), []).append(spec)
+            users.setdefault(
+                base_model_path(spec.recipe.model.size, spec.recipe.data.task, None, spec.recipe.model.build_seed), []
+            ).append(spec)
     for path, specs in users.items():
         if (path / "build_info.json").is_file():
             continue

@@ -365,7 +365,10 @@ class _Driver:
         users: dict[Path, RunSpec] = {}
         for spec in todo:
             if spec.recipe.model.size is not None:
-                users.setdefault(base_model_path(spec.recipe.model.size, spec.recipe.data.task), spec)
+                users.setdefault(
+                    base_model_path(spec.recipe.model.size, spec.recipe.data.task, None, spec.recipe.model.build_seed),
+                    spec,
+                )
         builds = []
         for path, spec in users.items():
             if (path / "build_info.json").is_file():
