@@ -116,7 +116,12 @@ def column(curves: pd.DataFrame) -> pd.DataFrame | None:
         return None
     levels = run_levels(curves)
     named = levels[BUILD].replace("", "unrecorded")
-    return named.groupby(levels["variant"]).agg(lambda s: ";".join(sorted(s.unique()))).rename("builds").reset_index()
+    out = named.groupby(levels["variant"]).agg(lambda s: ";".join(sorted(s.unique()))).rename("builds").reset_index()
+    if levels[BUILD].nunique() < 2:
+        return out
+    spread = by_build(curves).drop(columns=["builds", "runs", "level", "within_build_sd"], errors="ignore")
+    spread = spread.drop(columns=["delta", "delta_se", "paired_builds"], errors="ignore")
+    return out.merge(spread, on="variant", how="left")  # level_ and delta_ between-build sd beside the builds
 
 
 def line(table: pd.DataFrame) -> str | None:
@@ -127,4 +132,6 @@ def line(table: pd.DataFrame) -> str | None:
     ids = sorted({b for cell in table["builds"].dropna() for b in str(cell).split(";") if b})
     if len(ids) == 1:
         return f"base model: build {ids[0]} (every run)"
-    return f"base models: {len(ids)} builds ({', '.join(ids)}); levels and Δ by build, with their spread: builds.md"
+    base = table.loc[table["variant"] == "baseline", "between_build_sd"] if "between_build_sd" in table else []
+    sd = f"; the baseline's level sd {base.iloc[0]:.3f} between them" if len(base) and pd.notna(base.iloc[0]) else ""
+    return f"base models: {len(ids)} builds ({', '.join(ids)}){sd}; each variant by build: builds.md"

@@ -9,7 +9,11 @@ From a campaign's recorded curves (MLflow or a published ``curves.csv``):
   differences of the seeds' deviations) and the part every run shares at one step;
 - the **smallest resolvable difference** of each comparison (variant vs baseline with their seed
   counts): (z₁₋α/₂ + z_power) · sd · √(1/k_b + 1/k_v), two-sided α = 0.05, 80% power;
-- the **seeds per arm** a target margin needs: 2 · ((z₁₋α/₂ + z_power) · sd / margin)², rounded up.
+- the **seeds per arm** a target margin needs: 2 · ((z₁₋α/₂ + z_power) · sd / margin)², rounded up;
+- **builds or seeds**: the sd of a level and of a difference for designs of B base-model builds × S
+  seeds, √(σ_b²/B + σ_s²/(B·S)) and √(τ²/B + 2σ_s²/(B·S)), with σ_b (levels), τ (differences) between
+  builds and σ_s within, from the curves where they hold several builds, else as measured in
+  results/builds-gpu: where σ_b dominates, more seeds do not make a level a claim about the recipe.
 
 Numbers only; ``python -m analysis plan`` prints them and the LOO table carries the resolvable
 difference of each row.
@@ -25,6 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import norm
 
+from analysis import builds
 from runners.contract import MEAN_AT_16
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.settings import FitSettings
@@ -150,6 +155,7 @@ class Plan:
     spread: dict[float, SeedSpread]  # fraction of the budget -> spread
     noise: dict[str, float]
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per comparison
+    build_sd: dict[str, Any] = field(default_factory=dict)  # σ_b, τ, σ_s and where they come from (``build_spread``)
 
     def seeds_needed(self, fraction: float = 1.0) -> dict[str, int | None]:
         s = self.spread[fraction]
@@ -191,7 +197,56 @@ class Plan:
             f"seeds per arm for a ±{self.margin:g} difference at the budget: {need['final'] or '—'} "
             f"(last evaluation), {need[f'last_{k}'] or '—'} (mean of the last {k})"
         )
-        return "\n".join(out) + "\n"
+        return "\n".join(out + self.builds_text()) + "\n"
+
+    def builds_text(self) -> list[str]:
+        """Builds or seeds: what B builds x S seeds leave of a level's and a difference's sd."""
+        b = self.build_sd
+        if not b:
+            return []
+        out = [
+            "",
+            f"base-model builds ({b['source']}): between builds sd {b['level']:.3f} of a level and {b['delta']:.3f} "
+            f"of a difference, within a build (seeds) {b['seed']:.3f}",
+            "| builds x seeds | sd of a level | sd of a difference |",
+            "|---|---|---|",
+        ]
+        for nb, ns in ((1, 4), (1, 8), (2, 2), (4, 1), (4, 2)):
+            level = math.sqrt(b["level"] ** 2 / nb + b["seed"] ** 2 / (nb * ns))
+            delta = math.sqrt(b["delta"] ** 2 / nb + 2 * b["seed"] ** 2 / (nb * ns))
+            out.append(f"| {nb} x {ns} | {level:.3f} | {delta:.3f} |")
+        if b["level"] > b["seed"]:
+            out.append(
+                "a level (or A) as a claim about the recipe, not about one build, needs builds: seeds on one build "
+                f"leave its sd {b['level']:.3f}; say which build a study's levels describe"
+            )
+        return out
+
+
+def build_spread(curves: pd.DataFrame) -> dict[str, Any]:
+    """σ_b (a level between builds), τ (a difference between builds) and σ_s (seeds within a build):
+    from ``curves`` where they hold several builds of a baseline, else as measured on the GPU
+    (``MEASURED_BUILDS``)."""
+    table = builds.by_build(curves) if "build" in curves else pd.DataFrame()
+    base = table[table["variant"] == "baseline"] if len(table) else table
+    if len(base) and base["builds"].iloc[0] > 1:
+        deltas = table["delta_between_build_sd"].dropna() if "delta_between_build_sd" in table else pd.Series()
+        return {
+            "source": f"these runs, {int(base['builds'].iloc[0])} builds",
+            "level": float(base["between_build_sd"].iloc[0]),
+            "delta": float(np.sqrt(np.mean(deltas**2))) if len(deltas) else np.nan,
+            "seed": float(base["within_build_sd"].iloc[0]),
+        }
+    return dict(MEASURED_BUILDS)
+
+
+# micro on an H200, 3 deterministic builds x 2 seeds, the baseline and length=penalty (results/builds-gpu)
+MEASURED_BUILDS = {
+    "source": "measured in results/builds-gpu: micro, 3 builds",
+    "level": 0.082,
+    "delta": 0.012,
+    "seed": 0.009,
+}
 
 
 def _fmt(v: float) -> str:
@@ -201,7 +256,7 @@ def _fmt(v: float) -> str:
 def plan(curves: pd.DataFrame, x: str, margin: float = DEFAULT_MARGIN, last_k: int = FitSettings.last_k) -> Plan:
     """The campaign's seed spread, evaluation noise, resolvable differences and seeds needed."""
     spread = {f: seed_spread(curves, x, f, last_k) for f in (1.0, 0.5)}
-    p = Plan(x, margin, last_k, spread, evaluation_noise(curves, x))
+    p = Plan(x, margin, last_k, spread, evaluation_noise(curves, x), build_sd=build_spread(curves))
     seeds = curves.groupby("variant", sort=False)["seed"].nunique()
     if "baseline" in seeds:
         kb = int(seeds["baseline"])

@@ -202,4 +202,5 @@ def test_levels_and_differences_are_reported_by_build_with_their_spread():
     column = builds.column(curves).set_index("variant")["builds"]
     assert column["arm"] == "b1;b22"
     assert builds.line(column.reset_index()).startswith("base models: 2 builds (b1, b22)")
+    assert "the baseline's level sd 0.071 between them" in builds.line(builds.column(curves))
     assert builds.column(curves.drop(columns="build")) is None

@@ -255,6 +255,8 @@ class _Tracked:
         parent = self.parent.info.run_id
         for name, (path, had) in self.bases.items():
             if not (path / "build_info.json").is_file():  # built into a node's own cache: its runs check it
+                if had is not None:
+                    self.weights[name] = had
                 continue
             have = base_weights(path)
             if had is not None and have != had:
