@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,20 +73,50 @@ def pytest_configure(config):
     threads spin: three tiny base-model builds at once on 2 cores took 99-138 s and 66-106 s of CPU
     each with torch's default threads, 28-29 s and 20 s each with one thread. The SLURM backend
     polls squeue every second, not every 5 s (``PRL_SLURM_POLL_S``): a job's end is seen sooner. Under CI
-    no test is left out by a marker (``make test``'s quick tier is ``-m "not slow"``): the slow tier runs too."""
+    no test is left out (:func:`refuse_a_selection_under_ci`): the slow tier runs too."""
     os.environ.setdefault("PRL_SLURM_POLL_S", "1")
-    if os.environ.get("CI") and config.option.markexpr:
-        raise pytest.UsageError(
-            f"under CI every test runs, so a marker selection (-m {config.option.markexpr!r}) is refused: "
-            "make test runs every tier where CI is set (TESTS=all)"
-        )
+    refuse_a_selection_under_ci(config)
     workers = getattr(config, "workerinput", {}).get("workercount")
     if workers:
+        import torch  # here and in the fixtures: a pytest that needs none (tests/test_tiers.py's) starts without it
+
         from runners.campaign.backends.local import cores
 
         threads = max(1, cores() // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def refuse_a_selection_under_ci(config) -> None:
+    """Under CI no test may be left out by the command line (``make test``'s quick tier is ``-m "not
+    slow"``): a marker (``-m``), keyword (``-k``), node id (``--deselect``) or path (``--ignore``,
+    ``--ignore-glob``) selection is refused, with pytest's usage error, before any test is collected,
+    and so are the cache's ``--lf`` and ``--sw``, which leave out the tests that passed last time; a
+    deselection from anywhere else (a plugin) is refused as it happens (:func:`pytest_deselected`)."""
+    if not os.environ.get("CI"):
+        return
+    opt = config.option
+    chosen = [f"-m {opt.markexpr!r}"] if opt.markexpr else []
+    chosen += [f"-k {opt.keyword!r}"] if opt.keyword else []
+    chosen += [f"--deselect {x}" for x in opt.deselect or []]
+    chosen += [f"--ignore {x}" for x in opt.ignore or []] + [f"--ignore-glob {x}" for x in opt.ignore_glob or []]
+    chosen += [x for x, on in (("--lf", "lf"), ("--sw", "stepwise")) if getattr(opt, on, None)]  # the cache's
+    if chosen:
+        raise pytest.UsageError(
+            f"under CI every test runs, so a selection ({', '.join(chosen)}) is refused: "
+            "make test runs every tier where CI is set (TESTS=all); run the command without it"
+        )
+
+
+def pytest_deselected(items):
+    """Under CI, a test deselected by anything not refused as the command line is read
+    (:func:`refuse_a_selection_under_ci`): a plugin. Refused, naming the first (under xdist a worker's
+    collection, so pytest-xdist reports an internal error: still no pass)."""
+    if os.environ.get("CI") and items:
+        raise pytest.UsageError(
+            f"under CI every test runs, so deselecting {len(items)} of them ({items[0].nodeid}, ...) is refused: "
+            "make test runs every tier where CI is set (TESTS=all); run it without the plugin that deselects them"
+        )
 
 
 def pytest_sessionstart(session):
@@ -283,6 +312,7 @@ def ddp_run(tmp_path_factory, tiny_base) -> Path:
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> Path:
     """An untrained tiny Llama with the project's tokenizer, saved like any HF checkpoint."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from runners.task.tokenizer import build_tokenizer
@@ -332,18 +362,28 @@ def cli():
     return run_in_process
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Under CI (``CI`` set, as ``.ci/run`` sets it), a skipped test is an error: a missing PostgreSQL,
+def fail_a_skip_under_ci(report) -> None:
+    """Under CI (``CI`` set, as ``.ci/run`` sets it), a skip is a failure: a missing PostgreSQL,
     Chromium, uv, tmpfs or root must not turn into a pass. No skip is tolerated, on any machine: the
     tests of the CPU path hide CUDA from the processes they start (:func:`cpu_only_env`), so a GPU
     machine runs them too; an expected failure (``xfail``) stays one."""
-    outcome = yield
-    report = outcome.get_result()
     if os.environ.get("CI") and report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"skipped under CI, which counts as a failure: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A test skipped as it runs (``pytest.skip`` in it or its fixture, a ``skipif``): :func:`fail_a_skip_under_ci`."""
+    fail_a_skip_under_ci((yield).get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """A module skipped as it is collected (``pytest.skip(..., allow_module_level=True)``, a
+    module-level ``pytest.importorskip``): :func:`fail_a_skip_under_ci`, a collection error."""
+    fail_a_skip_under_ci((yield).get_result())
 
 
 def pytest_collection_modifyitems(config, items):

@@ -308,6 +308,8 @@ def test_one_bad_point_is_left_out_by_name_and_spoils_no_other_curve():
     clean = read_curves(RECORDED, fit)
     t = fit_table(_planted(clean), fit, n_boot=50)[0].set_index("variant")
     c = fit_table(clean, fit, n_boot=50)[0].set_index("variant")
+    unfit = {v: n for v, n in t["note"].items() if n.startswith("no fit")}  # before: "r0 ... got nan" in all
+    assert list(unfit) == ["control=think_6"], unfit  # one bad point spoils no curve: as in the clean file
     assert t["A"].notna().to_dict() == c["A"].notna().to_dict() and t["A"].notna().sum() == 4
     assert (t["A"] - c["A"]).abs().max() < 0.05  # one point fewer, not another fit
     assert t.loc["baseline", "note"].endswith(

@@ -174,6 +174,21 @@ def test_a_tiny_scale_campaign_runs_end_to_end_and_mlflow_groups_its_runs_by_siz
     assert "no forecast: forecasting tiny needs 3 other sizes with fitted curves, this campaign has 1" in said[1]
 
 
+def colours_drawn(png: Path, sizes: int) -> list[str]:
+    """Which of ``scalefit.sizes.plot_sizes``'s colours the 960x600 plot holds as drawn lines (over 100 pixels
+    of exactly that colour; its points are translucent): each size's, smallest first, then the forecast's
+    crimson. "fit" or "forecast" where drawn, "none" where not (the forecast size is drawn in crimson)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+
+    img = plt.imread(png)
+    assert img.shape[:2] == (600, 960), img.shape
+    pixels = np.round(img[..., :3] * 255).astype(int).reshape(-1, 3)
+    palette = [*plt.cm.viridis(np.linspace(0, 0.9, sizes))[:, :3], to_rgb("crimson")]
+    counts = [int((pixels == np.round(np.asarray(c) * 255).astype(int)).all(1).sum()) for c in palette]
+    return [("forecast" if i == sizes else "fit") if n > 100 else "none" for i, n in enumerate(counts)]
+
+
 def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_others(tmp_path, capsys):
     """``python -m analysis fit`` on a scale campaign's curves (as load_curves gives them: variant size=NAME):
     the per-size table, then sizes.csv with each size's parameter count, the forecast of the largest with
@@ -217,7 +232,8 @@ def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_ot
     sizes = pd.read_csv(tmp_path / "fit" / "sizes.csv")
     assert set(zip(sizes["size"], sizes["parameters"], strict=True)) == {(n, parameter_count(n)) for n in names}
     assert "forecast of large" in (tmp_path / "fit" / "sizes.md").read_text()
-    assert (tmp_path / "fit" / "sizes.png").stat().st_size > 10_000
+    drawn = colours_drawn(tmp_path / "fit" / "sizes.png", len(names))
+    assert drawn == ["fit", "fit", "fit", "fit", "none", "forecast"], drawn  # each size fitted, the largest forecast
     record = json.loads((tmp_path / "fit" / "sizes.json").read_text())  # the same forecast, as data
     assert record["size"] == "large" and record["A_interval"][0] <= record["A"] <= record["A_interval"][1]
     # the published sizes.csv (size and parameter columns added) refits to the same table

@@ -106,7 +106,10 @@ def test_a_size_without_runs_is_forecast_from_its_parameter_count_and_base_model
 def test_the_leave_one_size_out_backtest_states_its_coverage():
     six = {**N, "f": 60e6}
     bt = backtest_sizes(as_data(runs(sizes=six)))
-    assert list(bt.rows["size"]) == list(six) and 0 <= bt.coverage <= 1
+    assert list(bt.rows["size"]) == list(six) and (bt.rows["points"] == 30).all()
+    within = (bt.rows["band_coverage"] * bt.rows["points"]).sum() / bt.rows["points"].sum()
+    assert bt.coverage == pytest.approx(within)  # the share of every size's evaluations its band holds
+    assert bt.level <= bt.coverage < 1, bt.rows  # the truth follows the laws: the 90% band holds 90% or more
     interior = bt.rows[bt.rows["size"].isin(["c", "d", "e"])]
     assert (interior["band_coverage"] >= 0.8).all(), interior
     assert bt.lines()[0].startswith("leave-one-size-out backtest: 6 size(s) forecast from the others; 90% band holds")

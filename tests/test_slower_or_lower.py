@@ -27,7 +27,8 @@ def test_the_knee_is_read_from_the_data_not_from_a_fit():
     after = knee_from_data(*_curve(c_max=20 * CM))  # well past it: flattening
     assert before is not None and not before.passed and before.slope_last > before.slope_middle
     assert after is not None and after.passed and after.slope_last < after.slope_middle
-    assert "not past its knee" in before.text() and "past its knee" in after.text()
+    assert before.text().startswith("not past its knee (still rising as fast or faster) by the data: slope ")
+    assert after.text().startswith("past its knee (flat) by the data: slope "), after.text()  # not "not past"
 
 
 def test_a_plateau_is_past_its_knee():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,9 +38,27 @@ def test_a_campaign_counts_its_devices_without_torch_where_torch_has_no_gpu_buil
         assert res.stdout.strip() == repr([last]), res.stdout + res.stderr[-2000:]
 
 
-def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(tmp_path):
+class Clock:
+    """The local backend's ``time`` for a test: ``monotonic`` reads a clock that only its ``sleep`` moves,
+    and each sleep is recorded; ``then`` is called at each sleep (a run ending mid-wait)."""
+
+    def __init__(self, then=lambda slept: None):
+        self.now, self.slept, self.then = 0.0, [], then
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        self.then(self.slept)
+
+
+def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(tmp_path, monkeypatch):
     """Before, every poll slept a whole second first: each run's end, and the start of a run waiting
-    for its slot, came up to a second late (a campaign ends a run and starts the next in one poll)."""
+    for its slot, came up to a second late (a campaign ends a run and starts the next in one poll).
+    What a poll waits is read from the backend's own clock (:class:`Clock`), not from the wall."""
+    from runners.campaign.backends import local
     from runners.campaign.backends.local import Launch, LocalBackend, spawn
     from runners.campaign.load import expand, load_campaign
 
@@ -49,20 +66,34 @@ def test_the_local_backend_sees_a_run_end_at_once_and_keeps_its_beat_otherwise(t
     backend = LocalBackend(camp, log=lambda m: None)
     backend.retried = {}
     spec = expand(camp)[0]
-    (tmp_path / "ends").mkdir()
-    (tmp_path / "runs").mkdir()
+    for d in ("ends", "runs", "dies"):
+        (tmp_path / d).mkdir()
     ends = spawn(Launch(spec, [sys.executable, "-c", "pass"], {}, tmp_path / "ends"), None, 1)
     ends.proc.wait()
     backend.running = [ends]
-    t0 = time.monotonic()
+    monkeypatch.setattr(local, "time", clock := Clock())
     (ended,) = backend.poll()
-    assert time.monotonic() - t0 < 0.5 and ended.spec == spec
-    runs = spawn(Launch(spec, [sys.executable, "-c", "import time; time.sleep(60)"], {}, tmp_path / "runs"), None, 1)
-    backend.running = [runs]
+    assert clock.slept == [] and ended.spec == spec  # an ended run: no wait at all
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    runs = spawn(Launch(spec, sleeper, {}, tmp_path / "runs"), None, 1)
+    dies = spawn(Launch(spec, sleeper, {}, tmp_path / "dies"), None, 1)
     try:
-        t0 = time.monotonic()
-        assert backend.poll() == [] and time.monotonic() - t0 >= 0.95  # a running run: the progress beat
+        backend.running = [runs]
+        monkeypatch.setattr(local, "time", clock := Clock())
+        assert backend.poll() == []  # a running run: the progress beat, one second
+        assert clock.now >= 1.0 and clock.now - clock.slept[-1] < 1.0, clock.slept
+
+        def end_it(slept):  # the run ends during the third sleep of the wait
+            if len(slept) == 3:
+                dies.proc.kill()
+                dies.proc.wait()
+
+        backend.running = [dies]
+        monkeypatch.setattr(local, "time", clock := Clock(end_it))
+        (ended,) = backend.poll()  # seen at the next look, not at the end of the beat
+        assert len(clock.slept) == 3 and clock.now < 1.0 and not ended.ok, clock.slept
     finally:
-        runs.proc.kill()
-        runs.proc.wait()
-        runs.logf.close()
+        for r in (runs, dies):
+            r.proc.kill()
+            r.proc.wait()
+            r.logf.close()

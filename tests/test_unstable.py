@@ -66,8 +66,21 @@ def test_a_collapse_is_flagged_named_and_said_to_recover_or_not():
 
 @pytest.mark.parametrize("name", ["loo-gpu3", "loo-gpu6"])
 def test_no_run_of_the_recorded_gpu_studies_is_flagged(name):
-    """The rule catches nothing in these studies (issue #40): their seeds only wander."""
-    assert unstable.flag_runs(pd.read_csv(RESULTS / name / "curves.csv"), MEAN_AT_16) == []
+    """The rule catches nothing in these studies (issue #40): their seeds only wander. The same curves
+    with one baseline seed collapsed to 0.02 for its last three evaluations: that run is the one collapse,
+    and where the baseline has 4+ seeds (loo-gpu6's 8) the one flag. With 3 (loo-gpu3's) the two healthy
+    seeds are flagged too, as jumps: each one's siblings' median is the mean of the other and the collapse."""
+    df = pd.read_csv(RESULTS / name / "curves.csv")
+    assert unstable.flag_runs(df, MEAN_AT_16) == []
+    run = df.loc[df["variant"] == "baseline", "run"].iloc[0]
+    last = sorted(df.loc[df["run"] == run, "step"])[-3:]
+    planted = df.copy()
+    planted.loc[(planted["run"] == run) & planted["step"].isin(last), MEAN_AT_16] = 0.02  # its siblings: 0.6-0.9
+    flags = unstable.flag_runs(planted, MEAN_AT_16)
+    collapses = [f for f in flags if f.collapsed]
+    assert [f.run for f in collapses] == [run] and set(collapses[0].steps) <= set(last), flags
+    if df.loc[df["variant"] == "baseline", "seed"].nunique() > 3:
+        assert flags == collapses, flags
 
 
 def test_one_collapsed_run_does_not_blind_the_campaigns_noise():
