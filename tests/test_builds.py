@@ -73,6 +73,7 @@ def test_every_run_carries_its_base_weights_and_the_parent_records_them(first_ma
     assert any(p.endswith("model.safetensors") for p in logged), logged  # the build travels with the store
 
 
+@pytest.mark.slow  # a second campaign's run: ~1 min on 2 cores
 def test_a_second_machine_with_its_own_empty_cache_takes_the_campaigns_build_from_the_store(
     first_machine, tiny_base, tmp_path, monkeypatch
 ):
