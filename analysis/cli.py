@@ -11,7 +11,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from analysis.loo import read_curves, write_fit, write_report
     from analysis.summary import summary
     from runners.campaign.load import expand, load_campaign
-    from runners.tracking.store import default_tracking_uri
+    from runners.tracking.store import default_tracking_uri, existing_store
 
     camp = load_campaign(args.campaign)  # its fit: section parsed once, here (camp.fit, a FitSettings)
     out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
@@ -19,7 +19,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.curves:
         table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
     else:
-        uri = args.tracking_uri or default_tracking_uri()
+        uri = existing_store(args.tracking_uri or default_tracking_uri())  # a missing store: before the fit folder
         table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
         ui = ui_address(camp.name, uri)
     print(summary(table, out, margin=camp.fit.margin, title=camp.name, ui=ui), end="")
@@ -137,9 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from runners.modes import restricted
+
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
-    except ValueError as e:  # CampaignError and StoreError are ValueErrors: each message names the fix
+        with restricted():  # what it writes is private to its owner, or PRL_GROUP's, as a campaign's runs are
+            return args.func(args)
+    except ValueError as e:  # CampaignError, StoreError and GroupError are ValueErrors: each names the fix
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -104,18 +104,20 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from runners.campaign.ui import open_ui
     from runners.tracking.store import default_tracking_uri
 
-    return open_ui(args.tracking_uri or default_tracking_uri(), args.port, args.campaign)
+    return open_ui(args.tracking_uri or default_tracking_uri(), args.port, args.campaign, new_store=args.new_store)
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from runners.tracking.store import default_tracking_uri, existing_store
+    from runners.tracking.store import check_store, create_store, default_tracking_uri, existing_store, store_to_write
     from runners.tracking.transfer import import_store
 
     src = existing_store(args.source if "://" in args.source else f"sqlite:///{Path(args.source).resolve()}")
     root = Path(args.artifacts) if args.artifacts else None
     if root is not None and not root.is_dir():
         raise FileNotFoundError(f"import: --artifacts {root}: no such folder")
-    dest = args.tracking_uri or default_tracking_uri()
+    dest = store_to_write(args.tracking_uri or default_tracking_uri(), new_store=args.new_store)  # none made unasked
+    check_store(dest)  # a corrupt destination: one line, before a run is copied
+    create_store(dest)  # a new store (the default, or --new-store): private, or PRL_GROUP's
     counts = import_store(src, dest, artifacts_root=root, experiments=args.experiment, log=print)
     print(f"{counts['runs']} run(s), {counts['metrics']} metric points → {dest}")
     return 0
@@ -150,6 +152,12 @@ def device_count(text: str) -> int:
 NEW_STORE_HELP = (
     "create the SQLite store MLFLOW_TRACKING_URI names if it does not exist (only ./mlflow.db is created "
     "without it), and train again into it runs whose folders hold runs of another store (set aside)"
+)
+
+
+NEW_STORE_HELP_URI = (
+    "create the SQLite store --tracking-uri (or MLFLOW_TRACKING_URI) names if it does not exist (only ./mlflow.db "
+    "is created without it)"
 )
 
 
@@ -241,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--artifacts", help="folder that served the source's mlflow-artifacts:/ root (its mlartifacts)")
     i.add_argument("--experiment", action="append", help="only this experiment (repeatable; default all)")
     i.add_argument("--tracking-uri", help="destination (default MLFLOW_TRACKING_URI or ./mlflow.db)")
+    i.add_argument("--new-store", action="store_true", help=NEW_STORE_HELP_URI)
     i.set_defaults(func=cmd_import)
     u = sub.add_parser(
         "ui",
@@ -253,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--tracking-uri", help="the store (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     u.add_argument("--port", type=int, default=5000, help="port (default 5000)")
     u.add_argument("--campaign", help="list this campaign's address first (its file or name)")
+    u.add_argument("--new-store", action="store_true", help=NEW_STORE_HELP_URI)
     u.set_defaults(func=cmd_ui)
     ts = sub.add_parser(
         "tracking-server",

@@ -1,5 +1,5 @@
 """One run from the command line (``python -m runners train``): the checks that refuse it before
-anything starts (a corrupt store, a base model to build into a read-only cache, a read-only folder),
+anything starts (a missing or corrupt store, a base model to build into a read-only cache, a read-only folder),
 its folder's one writer (``locks.writer``), its MLflow run (a single run's own, or the campaign's
 child named by ``MLFLOW_RUN_ID``), and its processes: this one, or several through
 ``accelerate launch`` (``launch_distributed``: DDP, or the user's accelerate config).
@@ -41,9 +41,10 @@ def train_command(recipe: Recipe, call: TrainCall) -> int:
     if "LOCAL_RANK" in os.environ:  # a rank that accelerate launched: its launcher holds the folder
         return train_here(recipe, call, run_dir)
     if not call.untracked:
-        from runners.tracking.store import check_store, default_tracking_uri
+        from runners.tracking.store import check_store, default_tracking_uri, store_to_write
 
-        check_store(default_tracking_uri())  # a corrupt store: one line, before a folder, a lock, a run or a model
+        uri = store_to_write(default_tracking_uri(), new_store=call.new_store)  # made only where asked
+        check_store(uri)  # a mistyped or corrupt store: one line, before a folder, a lock, a run or a model
     if recipe.model.size is not None and (
         problem := cache_problem(recipe.model.size, recipe.data.task, None, recipe.model.build_seed)
     ):

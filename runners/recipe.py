@@ -30,6 +30,9 @@ INTERRUPTION_PHRASE = "Okay, time is up. Let me stop thinking and formulate a fi
 SEED_MAX = 2**32 - 1  # numpy's seeds (transformers' set_seed) lie in [0, 2**32 - 1]
 _SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
 NAME_RULE = "one path segment: letters, digits, '-', '_' and '.', not starting with a dot"
+# A name is a folder's name and part of longer file names (a campaign's lock beside its store,
+# ``mlflow.db.NAME.campaign.lock.json``; a run's folder, ``NAME-seedS-ID``), each at most 255 bytes.
+NAME_MAX = 100
 
 
 class RecipeError(ValueError):
@@ -38,9 +41,14 @@ class RecipeError(ValueError):
 
 def name_problem(name: Any, what: str, example: str) -> str | None:
     """Why ``name`` cannot name ``what`` ("a recipe"; it becomes a folder's name), or None."""
-    if isinstance(name, str) and _SEGMENT.fullmatch(name):
-        return None
-    return f"{what}'s name must be {NAME_RULE}, e.g. {example}"
+    if not (isinstance(name, str) and _SEGMENT.fullmatch(name)):
+        return f"{what}'s name must be {NAME_RULE}, e.g. {example}"
+    if len(name) > NAME_MAX:
+        return (
+            f"{what}'s name is {len(name)} characters long; it names folders and files (255 bytes at most, with "
+            f"what is added to it): shorten it to {NAME_MAX} characters or fewer, e.g. {example}"
+        )
+    return None
 
 
 def _run_name_problem(name: str) -> str | None:
@@ -247,10 +255,45 @@ def _resolve_recipe_path(ref: str, base: Path | None) -> Path:
     raise RecipeError(f"recipe {ref!r} not found (looked in {RECIPES_DIR}; known recipes: {known})")
 
 
+class DuplicateKey(yaml.YAMLError):
+    """A key written twice in one mapping: YAML keeps the last one silently."""
+
+    def __init__(self, key: Any, line: int, first: int) -> None:
+        super().__init__(f"key {key!r} on line {line} is given twice")
+        self.key, self.line, self.first = key, line, first
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (``DuplicateKey``), where
+    PyYAML keeps the last one silently (a second ``name:`` would rename the campaign). A merge
+    (``<<: *base``) still overrides what it merges, as YAML says."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key in seen:
+                    raise DuplicateKey(key, line, seen[key])
+                seen[key] = line
+            except TypeError:  # an unhashable key: SafeLoader's own error names it
+                continue
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path, what: str = "recipe") -> dict[str, Any]:
-    """A YAML mapping from a file, or one clear line on what is wrong with it."""
+    """A YAML mapping from a file (``UniqueKeyLoader``: a key given twice is refused), or one clear
+    line on what is wrong with it."""
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except DuplicateKey as e:
+        raise RecipeError(
+            f"{path}:{e.line}: the key {e.key!r} is given twice (first on line {e.first}), and YAML would keep "
+            "only the last one silently: remove one of them"
+        ) from None
     except yaml.YAMLError as e:
         raise RecipeError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if data is None:
@@ -544,6 +587,12 @@ def _check_schedule(r: Recipe) -> None:
     _require(t.mismatch_every >= 1, f"train.mismatch_every = {t.mismatch_every}: must be >= 1 (1: every step)")
     _require(
         e.every >= 1 and e.prompts >= 1 and e.samples >= 1, "eval.every, eval.prompts and eval.samples must be >= 1"
+    )
+    _require(
+        e.every <= t.steps,
+        f"eval.every = {e.every} is more than train.steps = {t.steps}: the run would be evaluated at step 0 and "
+        f"its end only, never every {e.every} steps; set eval.every to at most {t.steps} "
+        f"(e.g. {max(1, t.steps // 5)}), or raise train.steps",
     )
     if r.data.path is None:
         _require(

@@ -65,8 +65,11 @@ class FitSettings:
         parse_grid(s.a_grid, name="fit.a_grid", kind="step")
         if not number(s.level) or not 0 < s.level < 1:
             raise FitError(f"fit.level = {s.level!r}: expected a coverage in (0, 1), e.g. 0.9")
-        if not number(s.margin) or not 0 <= s.margin < 1:
-            raise FitError(f"fit.margin = {s.margin!r}: expected a difference in pass rate in [0, 1), e.g. 0.02")
+        if not number(s.margin) or not 0 < s.margin < 1:
+            raise FitError(
+                f"fit.margin = {s.margin!r}: expected a difference in pass rate in (0, 1), e.g. 0.02 (the run-to-run"
+                " spread of A); within it two variants are called the same, and with 0 none ever would be"
+            )
         v = s.eval_prompts
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise FitError(f"fit.eval_prompts = {v!r}: expected a whole number of prompts >= 1, e.g. 64")

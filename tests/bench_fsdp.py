@@ -45,7 +45,7 @@ SHORT = {
     "length.max_tokens": 32,
     "train.steps": 4,
     "train.save_every": 100,
-    "eval.every": 100,
+    "eval.every": 4,  # at step 0 and the end only
     "eval.prompts": 8,
     "eval.samples": 4,
     "eval.batch_prompts": 4,

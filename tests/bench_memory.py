@@ -99,7 +99,7 @@ def one(
             "algorithm.advantage_baseline": baseline,
             "train.steps": 3,
             "train.save_every": 100,
-            "eval.every": 100,
+            "eval.every": 3,  # at step 0 and the end only
             "eval.prompts": 16,
             "eval.batch_prompts": 16,
         },

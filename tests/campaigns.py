@@ -30,7 +30,8 @@ TINY = {  # the tiny model's cheapest run: a few seconds a step on one CPU core
 
 def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Path:
     """A LOO campaign file of :data:`TINY` runs of ``steps`` steps (a checkpoint and an evaluation
-    every 2), seed 0, over ``axes``; ``extra`` adds or replaces top-level keys."""
+    every 2), seed 0, over ``axes`` (``{}``: the baseline alone, written with no ``axes``
+    key, as an empty one is refused); ``extra`` adds or replaces top-level keys."""
     overrides = {**TINY, "train.steps": steps, "train.save_every": 2, "eval.every": 2}
     doc = {
         "name": name,
@@ -38,7 +39,7 @@ def write_campaign(path: Path, name: str, steps: int, axes: dict, **extra) -> Pa
         "kind": "loo",
         "seeds": [0],
         "overrides": overrides,
-        "axes": axes,
+        **({"axes": axes} if axes else {}),
         "fit": {"x": "compute/gpu_hours", "a_grid": "0.05:1.0:0.005"},
         **extra,
     }

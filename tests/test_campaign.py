@@ -603,6 +603,30 @@ def test_kills_at_random_instants_never_splice_a_run(own_store, session_server, 
             "name: x\nbaseline: scalerl\naxes: {data: {key: data.path, values: [../../y.jsonl]}}\n",
             r"axis 'data' value '../../y.jsonl' would put its run folder outside the campaign's folder",
         ),
+        # issue 60, item 10: each was accepted silently
+        (
+            "name: x\nbaseline: scalerl\nseeds: [0]\nname: y\n",
+            r"bad.yaml:4: the key 'name' is given twice \(first on line 1\), and YAML would keep only the last one",
+        ),
+        (
+            "name: x\nbaseline: scalerl\noverrides:\n  optim.lr: 1.0e-4\n  optim.lr: 3.0e-4\n",
+            r"bad.yaml:5: the key 'optim.lr' is given twice \(first on line 4\)",
+        ),
+        (
+            "name: x\nbaseline: scalerl\nfit: {margin: 0}\n",
+            r"fit.margin = 0: expected a difference in pass rate in \(0, 1\), e.g. 0.02 .* with 0 none ever would be",
+        ),
+        (
+            "name: x\nbaseline: scalerl\naxes: {}\n",
+            r"axes is empty and there are no controls, so the campaign would run its baseline alone and compare "
+            r"nothing: name an axis to leave out \(axes: \{loss: \{key: algorithm.loss, values: \[dapo\]\}\}\) or a",
+        ),
+        (
+            "name: x\nbaseline: scalerl\noverrides: {train.steps: 20}\n",
+            r"baseline 'scalerl' with the campaign's overrides: eval.every = 25 is more than train.steps = 20: the run "
+            r"would be evaluated at "
+            r"step 0 and its end only, never every 25 steps; set eval.every to at most 20 \(e.g. 4\), or raise",
+        ),
     ],
 )
 def test_bad_campaign_files_get_one_clear_line(tmp_path, cli, text, msg):
@@ -627,6 +651,25 @@ def test_a_bad_campaign_file_is_one_line_from_the_shell(tmp_path):
         "baseline, baseline_seeds, controls, fit, gpus_per_run, kind, max_retries, name, overrides, parallel, "
         "ray_address, runs_per_gpu, seeds, sizes, slurm"
     ]
+
+
+def test_a_campaign_name_too_long_for_its_files_is_refused_when_the_file_is_read(tmp_path, monkeypatch, cli):
+    """Issue 60, item 6: a 240-character name passed ``--dry-run``, then the campaign ended in a 42-line
+    ``OSError: File name too long`` on its lock file (``mlflow.db.NAME.campaign.lock``, over 255
+    bytes). Now both are one line when the file is read, and nothing is made: no store, no folder."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    name = "n" * 240
+    path = write_campaign(tmp_path / "long.yaml", name, 2, {})
+    for args in ([str(path), "--dry-run"], [str(path)]):
+        r = cli("runners", "campaign", *args)
+        assert r.returncode == 2 and r.stderr.splitlines() == [
+            f"error: {path}: name = '{name}': a campaign's name is 240 characters long; it names folders and files "
+            "(255 bytes at most, with what is added to it): shorten it to 100 characters or fewer, e.g. my-campaign"
+        ], (args, r.stdout[-2000:], r.stderr[-2000:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.yaml"]  # no mlflow.db, artifacts/ or lock
+    ok = write_campaign(tmp_path / "ok.yaml", "n" * 100, 2, {})
+    assert cli("runners", "campaign", str(ok), "--dry-run").returncode == 0  # 100 characters are fine
 
 
 def test_a_listing_whose_reader_stops_early_ends_quietly(tmp_path):

@@ -70,7 +70,7 @@ def published(tmp_path, store_template):
     store_from_curves(PUBLISHED, uri, "nb-study")
     fit = {"x": "compute/samples", "eval_prompts": 1000, "a_grid": "0.05:1.0:0.005", "level": 0.8, "margin": 0.03}
     campaign = tmp_path / "nb-study.yaml"
-    campaign.write_text(json.dumps({"name": "nb-study", "baseline": "scalerl", "seeds": [0], "axes": {}, "fit": fit}))
+    campaign.write_text(json.dumps({"name": "nb-study", "baseline": "scalerl", "seeds": [0], "fit": fit}))
     return project, uri, campaign
 
 

@@ -105,8 +105,8 @@ def test_a_folder_of_another_run_is_refused_naming_the_keys(tmp_path):
     from runners.recipe import load_recipe
     from runners.runfolder import RunFolderError, claim
 
-    four = load_recipe("scalerl", {"train.steps": 4})
-    six = load_recipe("scalerl", {"train.steps": 6, "algorithm.loss": "dapo"})
+    four = load_recipe("scalerl", {"train.steps": 4, "eval.every": 2})
+    six = load_recipe("scalerl", {"train.steps": 6, "eval.every": 2, "algorithm.loss": "dapo"})
     claim(tmp_path / "run", four)
     claim(tmp_path / "run", four)  # its own
     with pytest.raises(RunFolderError, match=r"another run \(algorithm.loss: cispo -> dapo, train.steps: 4 -> 6\)"):

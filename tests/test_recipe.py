@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from runners.recipe import RECIPES_DIR, RecipeError, load_recipe, parse_override
+from runners.recipe import RECIPES_DIR, RecipeError, load_recipe, parse_override, read_yaml
 from runners.rl.plan import format_plan
 
 
@@ -30,7 +30,7 @@ def test_every_shipped_recipe_loads():
 def test_inheritance_and_overrides(tmp_path):
     child = tmp_path / "child.yaml"
     child.write_text("inherit: scalerl\nname: child\nalgorithm: {loss: dapo}\nbatch: {prompts: 8}\n")
-    r = load_recipe(child, {"optim.lr": "1e-4", "train.steps": 7})
+    r = load_recipe(child, {"optim.lr": "1e-4", "train.steps": 7, "eval.every": 7})
     assert (r.name, r.algorithm.loss, r.batch.prompts, r.batch.generations) == ("child", "dapo", 8, 16)
     assert r.algorithm.aggregation == "prompt"  # inherited untouched
     assert r.optim.lr == 1e-4 and r.train.steps == 7
@@ -74,6 +74,13 @@ def test_inheritance_and_overrides(tmp_path):
         ({"name": "a/b"}, r"name = 'a/b': a recipe's name must be one path segment"),
         ({"name": "loo/../../x=1"}, r"name = 'loo/../../x=1': a recipe's name must be one path segment"),
         ({"name": "my recipe"}, r"name = 'my recipe': a recipe's name must be one path segment"),
+        # issue 60: a budget with no evaluation inside it, and a name too long for its folder
+        (
+            {"train.steps": 4},
+            r"^eval.every = 25 is more than train.steps = 4: the run would be evaluated at step 0 and its end only, "
+            r"never every 25 steps; set eval.every to at most 4 \(e.g. 1\), or raise train.steps$",
+        ),
+        ({"name": "r" * 101}, r"name = 'r{101}': a recipe's name is 101 characters long; .* to 100 characters or"),
     ],
 )
 def test_bad_recipes_fail_with_the_key_and_fix(overrides, message):
@@ -128,6 +135,30 @@ def test_recipes_and_the_plan_load_without_torch():
 def test_missing_recipe_lists_known_ones():
     with pytest.raises(RecipeError, match="known recipes: .*scalerl"):
         load_recipe("nope")
+
+
+def test_a_key_given_twice_in_a_recipe_file_is_refused_naming_its_lines(tmp_path):
+    """Issue 60, item 10: YAML keeps the last of two equal keys silently, so the second ``lr:`` of a
+    section replaced the first with no word. Each file the project reads (recipes, and the files they
+    inherit from, as campaign files) is read with one loader that refuses it, naming the file and lines;
+    a merge (``<<``) still overrides what it merges."""
+    parent = tmp_path / "parent.yaml"
+    parent.write_text("inherit: scalerl\noptim:\n  lr: 1.0e-4\n  warmup_steps: 2\n  lr: 3.0e-4\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("inherit: parent.yaml\nname: child\n")
+    line = (
+        f"{parent}:5: the key 'lr' is given twice (first on line 3), and YAML would keep only the last one "
+        "silently: remove one of them"
+    )
+    with pytest.raises(RecipeError) as refused:
+        load_recipe(child)
+    assert str(refused.value) == line
+    r = subprocess.run([sys.executable, "-m", "runners", "plan", str(child)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.splitlines() == [f"error: {line}"], r.stderr
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("inherit: scalerl\nbase: &b {lr: 1.0e-4, warmup_steps: 2}\noptim:\n  <<: *b\n  lr: 3.0e-4\n")
+    raw = read_yaml(merged)
+    assert raw["optim"] == {"lr": 3.0e-4, "warmup_steps": 2}
 
 
 def test_inheritance_cycle_is_reported(tmp_path):

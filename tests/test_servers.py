@@ -85,9 +85,10 @@ def test_a_ui_whose_mlflow_process_is_killed_fails_leaves_no_worker_and_restarts
 
 
 @pytest.mark.parametrize("command", ["ui", "tracking-server"])
-def test_a_port_in_use_is_an_error_naming_its_pid(tmp_path, command):
+def test_a_port_in_use_is_an_error_naming_its_pid(tmp_path, store_template, command):
     """Before, `make ui` on a busy port logged uvicorn's 'address already in use' and exited 0."""
-    where = ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"] if command == "ui" else ["--root", str(tmp_path)]
+    ui_store = ["--tracking-uri", empty_store(store_template, tmp_path / "mlflow.db")]  # ui makes none unasked
+    where = ui_store if command == "ui" else ["--root", str(tmp_path)]
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()

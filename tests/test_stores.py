@@ -8,6 +8,7 @@ from __future__ import annotations
 import grp
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -185,7 +186,8 @@ def test_a_campaign_pointed_at_another_store_says_so_and_creates_none_unasked(
 def test_a_single_run_makes_no_store_unasked(tmp_path, monkeypatch, cli):
     """``runners train`` tracked to a mistyped store is refused before a model loads (here one that
     does not exist: before, the store was made, then the model was found missing), the store and
-    its folder left uncreated."""
+    its folder left uncreated, and its run folder too (issue 60, item 11: before, the folder was made,
+    with its ``identity.json`` and ``train.lock``, and only then was the store refused)."""
     typo = tmp_path / "typo" / "mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{typo}")
     monkeypatch.chdir(tmp_path)
@@ -195,6 +197,69 @@ def test_a_single_run_makes_no_store_unasked(tmp_path, monkeypatch, cli):
         "(MLFLOW_TRACKING_URI), or pass --new-store to create a new store there"
     )
     assert not typo.parent.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no run folder, no artifacts/, no mlruns/
+
+
+def _source_store(store_template, db: Path) -> str:
+    """A store with one experiment and one finished run, to import from."""
+    uri = empty_store(store_template, db)
+    client = MlflowClient(uri)
+    run = client.create_run(client.create_experiment("elsewhere"), run_name="baseline/seed0")
+    client.log_metric(run.info.run_id, "val/mean_at_16", 0.5, step=0)
+    client.set_terminated(run.info.run_id)
+    return uri
+
+
+def test_import_and_ui_make_no_store_unasked(tmp_path, monkeypatch, store_template, cli):
+    """Issue 60, item 2: ``runners import`` and ``runners ui`` given a mistyped store created it (its
+    folder, and the imported artifacts in ./mlruns), exited 0, and from then on a ``campaign`` with
+    the same typo found a store and was no longer refused. Now both are refused as ``campaign`` is,
+    nothing made; ``--new-store`` creates the store (private) where asked."""
+    from runners.tracking.servers import free_port
+
+    source = _source_store(store_template, tmp_path / "source.db")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    typo = tmp_path / "some" / "new" / "dir" / "mlflow.db"
+    refusal = (
+        f"error: no MLflow store at {typo}, and its folder {typo.parent} does not exist: check the path "
+        "(MLFLOW_TRACKING_URI), or pass --new-store to create a new store there"
+    )
+    assert one_line(cli("runners", "import", source, "--tracking-uri", f"sqlite:///{typo}")) == refusal
+    cmd = [sys.executable, "-m", "runners", "ui", "--tracking-uri", f"sqlite:///{typo}", "--port", str(free_port())]
+    ui = subprocess.Popen(
+        cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = ui.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.communicate()
+        pytest.fail(f"runners ui served a store it made at a mistyped path ({typo.exists() = })")
+    assert one_line(subprocess.CompletedProcess(cmd, ui.returncode, out, err)) == refusal
+    assert not (tmp_path / "some").exists() and list(work.iterdir()) == []  # no store, folder or mlruns/
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{typo}")
+    camp = write_campaign(tmp_path / "c.yaml", "c", 2, {})
+    assert one_line(cli("runners", "campaign", str(camp))) == refusal  # still refused: no store was made
+
+    made = cli("runners", "import", source, "--new-store")
+    assert made.returncode == 0 and f"1 run(s), 1 metric points → sqlite:///{typo}" in made.stdout, made.stderr
+    assert stat.S_IMODE(typo.stat().st_mode) == 0o600 and stat.S_IMODE(typo.parent.stat().st_mode) == 0o700
+    client = MlflowClient(f"sqlite:///{typo}")
+    (run,) = client.search_runs([client.get_experiment_by_name("elsewhere").experiment_id])
+    assert run.data.metrics == {"val/mean_at_16": 0.5}
+
+
+def test_analysis_fit_on_a_missing_store_makes_no_fit_folder(tmp_path, monkeypatch, cli):
+    """Issue 60, item 11: ``analysis fit`` on a store that does not exist made an empty
+    ``artifacts/campaigns/NAME/fit`` before the store was found missing. Now the store is checked first."""
+    monkeypatch.chdir(tmp_path)
+    typo = tmp_path / "typo.db"
+    line = one_line(cli("analysis", "fit", "loo-cpu", "--tracking-uri", f"sqlite:///{typo}"))
+    assert line.startswith(f"error: no MLflow store at {typo} (no such file): "), line
+    assert list(tmp_path.iterdir()) == []  # no artifacts/, no store
 
 
 # --- item 12: stores and run folders are private ----------------------------------------------
@@ -232,3 +297,48 @@ def test_prl_group_shares_stores_and_folders_with_a_group(tmp_path, monkeypatch,
         "error: PRL_GROUP=no-such-group-prl: no such group; name a group you belong to (id -Gn lists them), "
         "or unset PRL_GROUP to keep stores and run folders private to you"
     )
+
+
+def test_analysis_fit_and_report_write_private_outputs(tmp_path, monkeypatch, store_template, cli):
+    """Issue 60, item 12: ``analysis fit`` and ``analysis report`` wrote 0755 folders and 0644 files,
+    so an ``artifacts/`` they made first stayed readable by every local account. Now they run with
+    a campaign's umask (``runners.modes``): under a umask of 0022, every folder and file each makes
+    (the fit's tables and plot, the report and its plots, the artifacts MLflow copies) has no group
+    or other bits."""
+    from mlflow.entities import Metric
+
+    from runners.contract import MEAN_AT_16
+    from tests.test_analysis import curves
+
+    fit, report = tmp_path / "fit", tmp_path / "report"  # a fresh project folder each: artifacts/ made by them
+    fit.mkdir()
+    report.mkdir()
+    df = curves({"baseline": (2542, 1.92, 0.61), "loss=dapo": (2542, 1.92, 0.55)})
+    df.insert(0, "run", df["variant"] + "/seed" + df["seed"].astype(str))
+    df.rename(columns={"compute/gpu_hours": "compute/samples"}).to_csv(tmp_path / "curves.csv", index=False)
+
+    monkeypatch.chdir(report)  # the experiment's artifact folder (./mlruns) is where the report is made
+    uri = empty_store(store_template, tmp_path / "mlflow.db")
+    client = MlflowClient(uri)
+    rid = client.create_run(client.create_experiment("c"), run_name="baseline/seed0").info.run_id
+    points = [(s, 0.4 + s / 200) for s in range(0, 41, 10)]
+    metrics = [Metric(MEAN_AT_16, v, 0, s) for s, v in points] + [
+        Metric("compute/samples", 128.0 * s, 0, s) for s, _ in points
+    ]
+    client.log_batch(rid, metrics=metrics)
+    client.set_terminated(rid)
+    old = os.umask(0o022)  # a login shell's: what the commands wrote before is readable by all
+    try:
+        made = cli("analysis", "report", rid, "--tracking-uri", uri)
+        assert made.returncode == 0, made.stderr
+        monkeypatch.chdir(fit)
+        made = cli("analysis", "fit", "loo-cpu", "--curves", str(tmp_path / "curves.csv"))
+        assert made.returncode == 0, made.stderr
+    finally:
+        os.umask(old)
+    for root, first in ((fit, "artifacts/campaigns/loo-cpu/fit/loo_table.csv"), (report, "artifacts/reports")):
+        written = modes(root)
+        assert first in written and written["artifacts"] == 0o700, sorted(written)
+        shared = {p: oct(m) for p, m in written.items() if m & 0o077 and p != "."}
+        assert not shared, shared
+    assert any(p.startswith("mlruns/") and p.endswith("report.md") for p in modes(report))  # logged to the run

@@ -13,8 +13,6 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from runners.campaign.backends import campaign_keys, parse_backend
 from runners.campaign.spec import (
     CAMPAIGN_KEYS,
@@ -54,6 +52,7 @@ def load_campaign(ref: str | Path) -> Campaign:
         raise CampaignError(str(e)) from None
     _check_keys(p, data)
     _check_types(p, data)
+    empty_axes = "axes" in data and not data["axes"]  # written, with nothing in it (`axes: {}`)
     axes = _axes(p, data.pop("axes", None) or {})
     controls = data.pop("controls", None) or {}
     _check_controls(p, controls)
@@ -66,6 +65,12 @@ def load_campaign(ref: str | Path) -> Campaign:
     if camp.kind not in ("loo", "forward", "scale"):
         raise CampaignError(f"{p}: kind = {camp.kind!r}; choose loo, forward or scale")
     _check_scale(p, camp, data)
+    if camp.kind == "loo" and empty_axes and not controls:
+        raise CampaignError(
+            f"{p}: axes is empty and there are no controls, so the campaign would run its baseline alone and "
+            "compare nothing: name an axis to leave out (axes: {loss: {key: algorithm.loss, values: [dapo]}}) "
+            "or a control; to fit the baseline's curve alone, remove the axes key"
+        )
     if camp.kind == "forward" and len(axes) != 1:
         raise CampaignError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
     return camp
@@ -168,9 +173,6 @@ def _sizes(p: Path, spec: Any) -> dict[str, dict[str, Any]]:
         spec = {name: {} for name in spec} if all(isinstance(n, str) for n in spec) else spec
     if not isinstance(spec, dict):
         raise CampaignError(f"{p}: sizes = {spec!r}: expected {SIZES_EXAMPLE}")
-    twice = _repeated_keys(p, "sizes")
-    if twice:
-        raise CampaignError(f"{p}: sizes lists {twice!r} twice; each size names its runs once: remove one")
     for name, over in spec.items():
         if not isinstance(name, str) or name not in SIZES:
             near = difflib.get_close_matches(str(name), SIZES, n=1)
@@ -186,19 +188,6 @@ def _sizes(p: Path, spec: Any) -> dict[str, dict[str, Any]]:
     if len(spec) < 2:
         raise CampaignError(f"{p}: sizes = {list(spec)}: a scale campaign needs two or more, e.g. {SIZES_EXAMPLE}")
     return {name: dict(over or {}) for name, over in spec.items()}
-
-
-def _repeated_keys(p: Path, section: str) -> str | None:
-    """A key written twice in a top-level mapping of the file (YAML keeps only the last, silently)."""
-    try:
-        root = yaml.compose(p.read_text())
-    except yaml.YAMLError:
-        return None
-    for key, value in getattr(root, "value", []) if isinstance(root, yaml.MappingNode) else []:
-        if key.value == section and isinstance(value, yaml.MappingNode):
-            names = [k.value for k, _ in value.value]
-            return next((n for i, n in enumerate(names) if n in names[:i]), None)
-    return None
 
 
 def _check_scale(p: Path, camp: Campaign, data: dict[str, Any]) -> None:

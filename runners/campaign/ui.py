@@ -185,13 +185,16 @@ def _view_x(tag: str | None) -> str | None:
         return None
 
 
-def open_ui(uri: str, port: int, first: str | None = None) -> int:
+def open_ui(uri: str, port: int, first: str | None = None, *, new_store: bool = False) -> int:
     """``mlflow ui`` over the store, after the servers killed runs left on it are stopped; its
     whole process tree stops with it (Ctrl-C, SIGTERM: 0), and it fails (1) if the UI stops on its own.
-    ``first``: the campaign whose address is listed first."""
+    ``first``: the campaign whose address is listed first. A store that does not exist is created
+    only where asked for (``store.store_to_write``): ``mlflow ui`` would make one at a mistyped path."""
     if uri.startswith(("http://", "https://")):
         raise ServerError(f"{uri} is a tracking server: it serves its own UI, open it in a browser")
+    uri = store.store_to_write(uri, new_store=new_store)
     store.check_store(uri)  # a corrupt store: one line, not the UI's own traceback
+    store.create_store(uri)  # a new one (the default, or --new-store): private, or PRL_GROUP's
     stop_on_signals()  # Ctrl-C and SIGTERM alike
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--workers", "1"]
     try:
