@@ -188,7 +188,8 @@ def _whole_rows(path: Path) -> None:
         tail = fh.read()
     if tail.endswith(b"\n"):
         return
-    line = sum(1 for _ in path.open("rb"))
+    with path.open("rb") as fh:
+        line = sum(1 for _ in fh)
     cut = tail.rsplit(b"\n", 1)[-1].decode(errors="replace")
     raise ValueError(
         f"{path}: the file ends mid-row (line {line}, {cut[-40:]!r}, has no line end): it was cut short (a copy or a"
