@@ -54,6 +54,7 @@ def written_whole(out: Path, keep: tuple[str, ...] = ()) -> Iterator[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     tidy(out)
     stage = _sibling(out, "new")
+    shutil.rmtree(stage, ignore_errors=True)  # one of this pid's: a killed process's that had it before
     stage.mkdir()
     try:
         for name in keep:
@@ -70,8 +71,8 @@ def written_whole(out: Path, keep: tuple[str, ...] = ()) -> Iterator[Path]:
         _swap(stage, out)
 
 
-def _sibling(out: Path, kind: str, pid: int | None = None) -> Path:
-    return out.parent / f".{out.name}.{kind}-{pid or os.getpid()}"
+def _sibling(out: Path, kind: str) -> Path:
+    return out.parent / f".{out.name}.{kind}-{os.getpid()}"
 
 
 def _swap(stage: Path, out: Path) -> None:
