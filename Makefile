@@ -121,9 +121,11 @@ wheels: $(FULL) ## pinned runtime wheels for an offline machine → wheels/ [PRO
 import: $(STAMP) ## copy an MLflow store made elsewhere into ./mlflow.db: make import SRC=path/mlflow.db [ARTIFACTS=dir]
 	$(BIN)/python -m runners import $(SRC) $(if $(ARTIFACTS),--artifacts $(ARTIFACTS))
 
+# one axis, or runs that failed (exit 1): the fit of what there is, into fit-partial/ (the complete fit stays)
 ablation: $(STAMP) ## run a LOO campaign and fit it: make ablation [CAMPAIGN=loo-cpu] [AXIS=loss]
 	@$(BIN)/python -m runners campaign $(CAMPAIGN) $(if $(AXIS),--axis $(AXIS)); rc=$$?; \
-	  [ $$rc -gt 1 ] && exit $$rc; $(BIN)/python -m analysis fit $(CAMPAIGN) || exit $$?; exit $$rc
+	  [ $$rc -gt 1 ] && exit $$rc; partial=$(if $(AXIS),--partial); [ $$rc -eq 1 ] && partial=--partial; \
+	  $(BIN)/python -m analysis fit $(CAMPAIGN) $$partial || exit $$?; exit $$rc
 
 fit: $(STAMP) ## fit a campaign from MLflow → artifacts/campaigns/NAME/fit/{loo_table.md,curves.csv,loo_curves.png}
 	$(BIN)/python -m analysis fit $(CAMPAIGN)

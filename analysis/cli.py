@@ -5,33 +5,68 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from runners.campaign.spec import Campaign
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
+    from analysis.curves import progress
     from analysis.loo import read_curves, write_fit, write_report
+    from analysis.outputs import written_whole
     from analysis.summary import summary
     from runners.campaign.load import expand, load_campaign
-    from runners.tracking.store import default_tracking_uri, existing_store
+    from runners.tracking.store import check_store, default_tracking_uri, existing_store
 
     camp = load_campaign(args.campaign)  # its fit: section parsed once, here (camp.fit, a FitSettings)
-    out = Path(args.out or f"artifacts/campaigns/{camp.name}/fit")
-    ui = None
+    complete = Path(f"artifacts/campaigns/{camp.name}/fit")
+    out = Path(args.out) if args.out else complete
+    ui, told = None, False
     if args.curves:
-        table = write_fit(read_curves(Path(args.curves), camp.fit), out, camp.fit, title=camp.name)
+        curves = read_curves(Path(args.curves), camp.fit)
+        with written_whole(out) as stage:  # a fit killed mid-write leaves the previous one whole
+            table = write_fit(curves, stage, camp.fit, title=camp.name)
+            sizes = _write_sizes(camp, curves, stage, out)
     else:
-        uri = existing_store(args.tracking_uri or default_tracking_uri())  # a missing store: before the fit folder
-        table = write_report(camp.name, out, camp.fit, tracking_uri=uri, current={s.run_key for s in expand(camp)})
+        uri = args.tracking_uri or default_tracking_uri()
+        check_store(uri)  # a damaged store: one line, before a folder is made or a tag written, as `campaign` does
+        uri = existing_store(uri)  # a missing one: likewise
+        specs = expand(camp)
+        runs = progress(camp.name, uri, specs)
+        if runs.twice:
+            print(
+                f"warning: {len(runs.twice)} run(s) finished more than once in this store (two campaigns trained them"
+                f" into it): {', '.join(runs.twice)}; the fit keeps the newest finished run of each",
+                file=sys.stderr,
+            )
+        if not runs.complete:
+            if not args.partial:
+                raise ValueError(
+                    f"campaign {camp.name} has not finished: {runs.text()}; fit it once they end (`python -m runners"
+                    f" campaign {camp.name}` runs and resumes them), or pass --partial to fit what there is into"
+                    f" {Path(args.out) if args.out else complete.with_name('fit-partial')} (the complete fit stays)"
+                )
+            out = Path(args.out) if args.out else complete.with_name("fit-partial")
+            print(
+                f"warning: a partial fit of campaign {camp.name}: {runs.text()}; fitted on the curves so far into"
+                f" {out}, not logged to the campaign's parent run nor tagged on its runs (the complete fit, {complete},"
+                " is left as it is)",
+                file=sys.stderr,
+            )
+            told = True
+        with written_whole(out, keep=("reports",)) as stage:
+            current = {s.run_key for s in specs}
+            table = write_report(camp.name, stage, camp.fit, tracking_uri=uri, current=current, partial=told)
+            sizes = _write_sizes(camp, None, stage, out)
         ui = ui_address(camp.name, uri)
     print(summary(table, out, margin=camp.fit.margin, title=camp.name, ui=ui), end="")
-    if camp.kind == "scale":  # across sizes: the largest forecast from the others (analysis.sizes)
-        import pandas as pd
-
-        from analysis.sizes import write_sizes
-
-        curves = pd.read_csv(Path(args.curves) if args.curves else out / "curves.csv")
-        print("\n".join(write_sizes(curves, out, camp.fit.x)))
+    if sizes:
+        print("\n".join(sizes))
     unfinished = int(table["unfinished"].sum()) if "unfinished" in table else 0
-    if unfinished:
+    if unfinished and not told:
         print(
             f"warning: {unfinished} run(s) have not finished (still running, or failed): fitted on their curves so far",
             file=sys.stderr,
@@ -40,6 +75,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
         if isinstance(said, str) and said:  # bad points (analysis.loo.bad_points), each named in the table's note
             print(f"warning: {variant}: {said}", file=sys.stderr)
     return 0
+
+
+def _write_sizes(camp: Campaign, curves: pd.DataFrame | None, stage: Path, out: Path) -> list[str]:
+    """A scale campaign's fit across sizes (``analysis.sizes``) into ``stage``, its lines naming ``out``,
+    where the folder will be; none for another campaign."""
+    if camp.kind != "scale":
+        return []
+    import pandas as pd
+
+    from analysis.sizes import write_sizes
+
+    lines = write_sizes(pd.read_csv(stage / "curves.csv") if curves is None else curves, stage, camp.fit.x)
+    return [line.replace(str(stage), str(out)) for line in lines]
 
 
 def ui_address(campaign: str, uri: str) -> tuple[str, str]:
@@ -78,14 +126,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import write_run_report
-    from runners.tracking.store import default_tracking_uri
+    from runners.tracking.store import check_store, default_tracking_uri
 
-    path = write_run_report(
-        args.run,
-        Path(args.out) if args.out else None,
-        tracking_uri=args.tracking_uri or default_tracking_uri(),
-        experiment=args.experiment,
-    )
+    uri = args.tracking_uri or default_tracking_uri()
+    check_store(uri)  # a damaged store: one line, before a report is written or logged, as `campaign` does
+    out = Path(args.out) if args.out else None
+    path = write_run_report(args.run, out, tracking_uri=uri, experiment=args.experiment)
     print(f"report → {path} (also logged to the run under report/)")
     return 0
 
@@ -106,6 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--curves",
         metavar="CSV",
         help="fit a published curves.csv (e.g. results/loo-gpu/curves.csv) instead of reading MLflow",
+    )
+    f.add_argument(
+        "--partial",
+        action="store_true",
+        help="fit a campaign whose runs have not all finished, on the curves so far, into "
+        "artifacts/campaigns/NAME/fit-partial (the complete fit is left as it is; nothing is logged to MLflow)",
     )
     f.add_argument("--tracking-uri", help="MLflow tracking URI (default MLFLOW_TRACKING_URI or ./mlflow.db)")
     f.set_defaults(func=cmd_fit)

@@ -1,10 +1,14 @@
 """Load a campaign's curves, the first part of ``analysis fit``: every evaluation of every run from
-MLflow (``load_curves``) or a published ``curves.csv`` (``read_curves``), and which of them a fit
-may hold (``bad_points``, ``steady_points``, ``spliced``, ``unfinished``)."""
+MLflow (``load_curves``) or a published ``curves.csv`` (``read_curves``), where the campaign's runs
+stand (``progress``: unfinished, missing, trained twice), and which points a fit may hold
+(``bad_points``, ``steady_points``, ``spliced``, ``unfinished``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -66,6 +70,65 @@ def load_curves(
     return curves
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a campaign's runs stand in its store, each run named (``variant/seedN``): those neither
+    finished nor stopped by a decision, with their MLflow status (``unfinished``), those with no run
+    yet (``missing``), and those with more than one finished run (``twice``: two campaigns trained
+    them into one store; the fit keeps the newest, ``store.chosen_run``)."""
+
+    runs: int
+    unfinished: list[str]
+    missing: list[str]
+    twice: list[str]
+
+    @property
+    def complete(self) -> bool:
+        return not (self.unfinished or self.missing)
+
+    def text(self) -> str:
+        """The runs the fit lacks, counted and named: "2 of 6 runs unfinished (A running, B failed), 1 never
+        started (C)"."""
+        parts = [f"{len(self.unfinished)} of {self.runs} runs unfinished ({_names(self.unfinished)})"]
+        parts += [f"{len(self.missing)} never started ({_names(self.missing)})"] if self.missing else []
+        return ", ".join(parts[0 if self.unfinished else 1 :])
+
+
+def _names(names: list[str], most: int = 6) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def progress(campaign: str, tracking_uri: str | None, specs: Iterable[Any]) -> Progress:
+    """Where the runs a campaign file expands to (``specs``: RunSpecs, by identity) stand in its
+    store. A store that holds none of them (a study recorded by older code, read whole by
+    ``load_curves``) is matched by variant and seed instead."""
+    client = store.read_client(tracking_uri)
+    exp_id = store.experiment_id(client, campaign)
+    if exp_id is None:
+        raise ValueError(f"no MLflow experiment named {campaign!r} at {client.tracking_uri}; run the campaign first")
+    groups = store.runs_by_identity(client, exp_id)
+    specs = list(specs)
+    if not {s.run_key for s in specs} & set(groups):
+        by_seed: dict[tuple[str, int], list] = {}
+        for runs in groups.values():
+            for r in runs:
+                tags = r.data.tags
+                by_seed.setdefault((tags.get(store.VARIANT, ""), int(tags.get(store.SEED, 0))), []).append(r)
+        groups = {s.run_key: by_seed.get((s.variant, s.seed), []) for s in specs}
+    unfinished, missing, twice = [], [], []
+    for s in specs:
+        name, runs = f"{s.variant}/seed{s.seed}", groups.get(s.run_key, [])
+        run = store.chosen_run(runs) if runs else None
+        done = [r.info.run_id for r in runs if store.is_done(r)]
+        if run is None:
+            missing.append(name)
+        elif not (store.is_done(run) or store.is_stopped(run)):
+            unfinished.append(f"{name} {run.info.status.lower()}")
+        if len(done) > 1:
+            twice.append(f"{name} ({len(done)} finished runs: {', '.join(done)})")
+    return Progress(len(specs), unfinished, missing, twice)
+
+
 def _one_run_per_seed(curves: pd.DataFrame, source: str, run_col: str = "run") -> None:
     """Refuse curves where two runs share a variant and seed number: pooled, the bootstrap would
     resample them as one series (two studies joined, or two versions of one campaign)."""
@@ -87,6 +150,7 @@ def read_curves(path: Path, settings: FitSettings) -> pd.DataFrame:
     x = settings.x
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
+    _whole_rows(path)
     try:
         curves = pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -111,6 +175,28 @@ def read_curves(path: Path, settings: FitSettings) -> pd.DataFrame:
     _one_run_per_seed(curves, str(path), run_col)
     text = [c for c in ("axis", "stopped", "build") if c in curves]
     return curves.astype({c: object for c in text}).fillna({c: "" for c in text})
+
+
+def _whole_rows(path: Path) -> None:
+    """Refuse a file cut short (a copy or a write interrupted): every row a CSV writer writes ends
+    with a line end, and a last row without one lost its end, so its cells would read as a bad point,
+    a run of another study or a wrong number."""
+    with path.open("rb") as fh:
+        size = fh.seek(0, 2)
+        if size == 0:
+            return
+        fh.seek(max(0, size - 65536))
+        tail = fh.read()
+    if tail.endswith(b"\n"):
+        return
+    with path.open("rb") as fh:
+        line = sum(1 for _ in fh)
+    cut = tail.rsplit(b"\n", 1)[-1].decode(errors="replace")
+    raise ValueError(
+        f"{path}: the file ends mid-row (line {line}, {cut[-40:]!r}, has no line end): it was cut short (a copy or a"
+        " write interrupted); copy it again, or write it again from the campaign's store (`python -m analysis fit"
+        " CAMPAIGN` writes artifacts/campaigns/CAMPAIGN/fit/curves.csv)"
+    )
 
 
 def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:

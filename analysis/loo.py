@@ -136,9 +136,12 @@ def write_report(
     parent_run_id: str | None = None,
     log=print,
     current: set[str] | None = None,
+    partial: bool = False,
 ) -> pd.DataFrame:
     """Curves CSV, LOO table (CSV + Markdown), plot, extrapolation check and runs list from MLflow;
-    logged to the campaign's parent run. ``current``: as ``load_curves``."""
+    logged to the campaign's parent run and its readings tagged on the runs, unless ``partial`` (a
+    campaign whose runs have not all finished: its fit is no campaign's result). ``current``: as
+    ``load_curves``."""
     out.mkdir(parents=True, exist_ok=True)
     curves = load_curves(campaign, tracking_uri, current, log=log)
     if (mixed := builds.mixed(curves)) is not None:
@@ -146,14 +149,17 @@ def write_report(
     curves.to_csv(out / "curves.csv", index=False)
     table = write_fit(curves, out, settings, title=campaign)
     client = store.read_client(tracking_uri)
-    tag_unstable(curves, client)
-    tag_readings(curves, table, client)
+    if not partial:
+        tag_unstable(curves, client)
+        tag_readings(curves, table, client)
     write_missing_reports(curves, client, out, log=log)
     (out / "runs.md").write_text(runs_markdown(curves, out))
     identical = set(table.loc[table["identical_to_baseline"], "variant"]) if "identical_to_baseline" in table else set()
     mechanisms = evidence.acted(evidence.mechanism_runs(curves, client), identical)
     mechanisms.to_csv(out / "mechanisms.csv", index=False)
     (out / "mechanisms.md").write_text(evidence.to_markdown(mechanisms))
+    if partial:
+        return table
     if parent_run_id is None:
         parent = store.parent_run(client, store.experiment_id(client, campaign))
         parent_run_id = parent.info.run_id if parent else None

@@ -1,5 +1,5 @@
 """Where scalefit's commands write: an output path checked before any work (``check_writable``) and
-results written as JSON to a file or stdout (``write_json``)."""
+results written as JSON to a file or stdout (``write_json``), whole or not at all (``replace_text``)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,23 @@ def write_json(payload: dict[str, Any], dest: str | None, *, quiet: bool = False
     if dest == "-":
         print(text)
     else:
-        Path(dest).parent.mkdir(parents=True, exist_ok=True)
-        Path(dest).write_text(text + "\n")
+        replace_text(Path(dest), text + "\n")
         if not quiet:
             print(f"JSON written to {dest}", file=sys.stderr)
+
+
+def replace_text(path: Path, text: str) -> None:
+    """``text`` as the file ``path``, whole or not at all: written to a new file beside it and renamed
+    over it, so a write killed midway leaves the earlier file as it was (and a ``.NAME.PID.tmp``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # the umask's mode, as a new file gets
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)  # the file's own mode kept
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -341,6 +341,26 @@ def test_a_curves_file_without_rows_is_one_line(tmp_path, cli):
         assert len(r.stderr.splitlines()) == 1 and not (tmp_path / "loo_table.csv").exists()
 
 
+def test_a_curves_file_cut_short_is_one_line_saying_it_ends_mid_row(tmp_path, cli):
+    """Issue 60, item 8: a curves.csv cut mid-row read as "1 bad point left out" (cut after a mean@16:
+    the row's compute NaN), as "runs of different studies" (cut inside its run id) or as a wrong number
+    (cut inside the last value); each is now the one line that says the file ends mid-row."""
+    text = RECORDED.read_bytes()
+    last = text.rstrip(b"\n").rsplit(b"\n", 1)[1].decode()
+    head = text[: len(text) - len(last) - 1]
+    cells = last.split(",")
+    run_id = ",".join(cells[:-2])  # ...,RUN_ID: the last row cut inside its run id
+    for cut in (",".join(cells[:6]), run_id[:-9], ",".join(cells[:-4])[:-3]):  # after mean@16, in the id, in a number
+        path = tmp_path / "cut.csv"
+        path.write_bytes(head + cut.encode())
+        with pytest.raises(ValueError, match=r"the file ends mid-row \(line \d+, .* has no line end\): it was cut"):
+            read_curves(path, S({"x": "compute/samples"}))
+    r = cli("analysis", "fit", "loo-cpu", "--curves", str(path), "--out", str(tmp_path / "fit"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and not (tmp_path / "fit").exists()
+    lines = text.count(b"\n")  # the cut row is the file's last line
+    assert r.stderr.startswith(f"error: {path}: the file ends mid-row (line {lines}, "), r.stderr
+
+
 @pytest.mark.slow
 def test_analysis_fit_warns_of_each_bad_point_it_left_out(tmp_path, cli):
     """`analysis fit --curves` with a NaN and a negative compute: the fit ends (exit 0) with a warning line

@@ -74,9 +74,10 @@ def _corrupt_store(path, template, damage: str) -> str:
 
 @pytest.mark.parametrize("damage", ["garbage", "page"])
 def test_a_corrupt_store_is_one_line_naming_it_from_each_command(tmp_path, monkeypatch, store_template, cli, damage):
-    """campaign (and --dry-run), train and ui on a corrupt mlflow.db: one line naming the file and
-    what to do, before a lock, a server, a run folder or an MLflow run; the file is left as it was
-    (before: an 83-line SQLAlchemy traceback, 67 lines from the UI's server)."""
+    """campaign (and --dry-run), train, ui, and analysis fit and report on a corrupt mlflow.db: one line
+    naming the file and what to do, before a lock, a server, a run folder, a fit folder or an MLflow
+    run; the file is left as it was (before: an 83-line SQLAlchemy traceback, 67 lines from the UI's
+    server; `analysis fit` made artifacts/campaigns/NAME/fit first, issue 60 items 5 and 11)."""
     from runners.tracking.servers import free_port
 
     db = tmp_path / "mlflow.db"
@@ -91,8 +92,9 @@ def test_a_corrupt_store_is_one_line_naming_it_from_each_command(tmp_path, monke
         + re.escape(f"); restore it from a backup, or move it aside to start a new store (mv {db} {db}.corrupt)")
     )
     commands = [["campaign", camp, "--dry-run"], ["campaign", camp], ["train", "scalerl", *SETS]]
-    for args in [*commands, ["ui", "--port", str(free_port())]]:
-        res = cli("runners", *args)
+    commands = [("runners", *args) for args in [*commands, ["ui", "--port", str(free_port())]]]
+    for args in [*commands, ("analysis", "fit", camp), ("analysis", "report", "latest")]:
+        res = cli(*args)
         assert res.returncode == 2 and re.fullmatch(line, res.stderr.strip()), (args, res.stderr[-2000:])
     assert db.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "mlflow.db"]  # no mlruns/, artifacts/, lock

@@ -224,19 +224,29 @@ def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> s
     return new
 
 
-def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:
-    """The runs of an experiment that carry an identity, by identity. Two runs with one identity (a
-    kill inside ``run.start_over``, after the new run exists and before the old one is
-    untagged) resolve to the finished one, else the newest: never to an arbitrary one."""
+def runs_by_identity(client: MlflowClient, exp_id: str) -> dict[str, list[Run]]:
+    """Every run of an experiment that carries an identity, by identity, oldest first: more than one
+    where a kill inside ``run.start_over`` left two, or two campaigns trained the same run."""
     runs = client.search_runs(
         [exp_id], filter_string=f"tags.`{RUN_ID}` != ''", max_results=50000, order_by=["attributes.start_time ASC"]
     )
-    found: dict[str, Run] = {}
-    for r in runs:  # oldest first: a later run replaces an earlier one unless only the earlier finished
-        key = r.data.tags[RUN_ID]
-        if key not in found or is_done(r) or not is_done(found[key]):
-            found[key] = r
+    found: dict[str, list[Run]] = {}
+    for r in runs:
+        found.setdefault(r.data.tags[RUN_ID], []).append(r)
     return found
+
+
+def chosen_run(runs: list[Run]) -> Run:
+    """Which of one identity's runs (oldest first) stands for it: the newest finished one, else the
+    newest; never an arbitrary one."""
+    done = [r for r in runs if is_done(r)]
+    return (done or runs)[-1]
+
+
+def identified_runs(client: MlflowClient, exp_id: str) -> dict[str, Run]:
+    """The runs of an experiment that carry an identity, by identity; where one identity has
+    several (``runs_by_identity``), the ``chosen_run``."""
+    return {key: chosen_run(runs) for key, runs in runs_by_identity(client, exp_id).items()}
 
 
 def parent_run(client: MlflowClient, exp_id: str) -> Run | None:
