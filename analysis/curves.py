@@ -5,6 +5,8 @@ stand (``progress``: unfinished, missing, trained twice), and which points a fit
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,7 @@ import pandas as pd
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.tracking import store
 from scalefit.settings import FitSettings
-from scalefit.unstable import Flag, flag_runs
+from scalefit.unstable import MAD_SD, THRESHOLD, Flag, flag_runs
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
 
@@ -211,7 +213,9 @@ def steady_points(curves: pd.DataFrame) -> tuple[pd.DataFrame, list[Flag]]:
     """The evaluations a fit should hold, and the runs flagged unstable (``scalefit.unstable``: a
     seed that leaves its siblings by a robust margin at a step). The flagged evaluations are left out
     of the fit, as one collapse would otherwise move its variant's curve and every verdict; they stay
-    in curves.csv and the plot (red crosses), and each run is named in its variant's row."""
+    in curves.csv and the plot (red crosses), and each run is named in its variant's row. Runs on
+    several base-model builds are flagged only where they also leave their build's other runs
+    (``_left_their_build``)."""
     hit, flags = unstable_points(curves)
     return curves[~hit], flags
 
@@ -221,9 +225,57 @@ def unstable_points(curves: pd.DataFrame) -> tuple[np.ndarray, list[Flag]]:
     if "step" not in curves or curves.empty:
         return np.zeros(len(curves), dtype=bool), []
     flags = flag_runs(curves, MEAN_AT_16)
+    if "build" in curves and curves["build"].fillna("").nunique() > 1:
+        flags = _left_their_build(curves, flags)
     out = {(f.variant, f.seed, s) for f in flags for s in f.steps}
     keys = zip(curves["variant"], curves["seed"], curves["step"], strict=True)
     return np.array([(v, int(s), int(t)) in out for v, s, t in keys], dtype=bool), flags
+
+
+def _left_their_build(curves: pd.DataFrame, flags: list[Flag]) -> list[Flag]:
+    """Of runs on several base-model builds, the flagged evaluations where a run also leaves its
+    build-mates (its variant's other runs of its build) by ``THRESHOLD`` times their typical distance
+    from one another: a run that moves with them shows its build's level (builds differ ~10x more
+    than seeds, results/builds-gpu), not an unstable run. A run alone on its build keeps its flags."""
+    frame = curves.assign(build=curves["build"].fillna("").astype(str))
+    wide = frame.pivot_table(index=["variant", "build", "seed"], columns="step", values=MEAN_AT_16, aggfunc="mean")
+    mates, dist = {}, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a step no mate reached: NaN, and no distance
+        for (variant, _), g in wide.groupby(level=[0, 1], sort=False):
+            m = g.to_numpy(float)
+            for i, seed in enumerate(g.index.get_level_values("seed")):
+                if len(m) > 1:
+                    mates[(variant, int(seed))] = med = np.nanmedian(np.delete(m, i, axis=0), axis=0)
+                    dist.append(np.abs(m[i] - med))
+    d = np.concatenate(dist) if dist else np.array([])
+    floor = MAD_SD * float(np.median(d[np.isfinite(d)])) if np.isfinite(d).any() else 0.0
+    steps = list(wide.columns)
+    out = []
+    for f in flags:
+        med = mates.get((f.variant, f.seed))
+        if med is None:
+            out.append(f)
+            continue
+        keep = [
+            i
+            for i, (step, v) in enumerate(zip(f.steps, f.values, strict=True))
+            if not np.isfinite(med[steps.index(step)]) or abs(v - med[steps.index(step)]) > THRESHOLD * floor
+        ]
+        if keep:
+            mine = (frame["variant"] == f.variant) & (frame["seed"] == f.seed) & frame[MEAN_AT_16].notna()
+            last = int(frame.loc[mine, "step"].max())
+            kept = [f.steps[i] for i in keep]
+            out.append(
+                dataclasses.replace(
+                    f,
+                    steps=kept,
+                    values=[f.values[i] for i in keep],
+                    siblings=[f.siblings[i] for i in keep],
+                    recovered=last not in kept,
+                )
+            )
+    return out
 
 
 def bad_points(curves: pd.DataFrame, x: str) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -648,7 +648,7 @@ def test_a_bad_campaign_file_is_one_line_from_the_shell(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines() == [
         f"error: {path}: unknown campaign key 'seed'; did you mean 'seeds'? Valid keys: adaptive, axes, backend, "
-        "baseline, baseline_seeds, controls, fit, gpus_per_run, kind, max_retries, name, overrides, parallel, "
+        "baseline, baseline_seeds, builds, controls, fit, gpus_per_run, kind, max_retries, name, overrides, parallel, "
         "ray_address, runs_per_gpu, seeds, sizes, slurm"
     ]
 

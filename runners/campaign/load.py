@@ -1,6 +1,7 @@
 """A campaign file read and checked (``load_campaign``: one ``CampaignError`` line naming the fix,
 before anything runs) into a ``runners.campaign.spec.Campaign``, and its expansion into runs
-(``expand``: a ``RunSpec`` per variant x seed, each with its resolved recipe and identity).
+(``expand``: a ``RunSpec`` per variant x seed, and x build with ``builds: N``, each with its resolved
+recipe and identity).
 
 Running one is ``runners.campaign.runs`` (MLflow bookkeeping) with the backend its ``backend:`` key
 names (``runners.campaign.backends``: local processes, Ray tasks, SLURM jobs), whose settings it
@@ -15,6 +16,7 @@ from typing import Any
 
 from runners.campaign.backends import campaign_keys, parse_backend
 from runners.campaign.spec import (
+    BUILD_STRIDE,
     CAMPAIGN_KEYS,
     CAMPAIGNS_DIR,
     Adaptive,
@@ -23,9 +25,11 @@ from runners.campaign.spec import (
     Campaign,
     CampaignError,
     RunSpec,
+    build_seeds,
     fit_settings,
     fmt_value,
     same_value,
+    whole_numbers,
 )
 from runners.identity import run_key
 from runners.recipe import (
@@ -71,6 +75,7 @@ def load_campaign(ref: str | Path) -> Campaign:
             "compare nothing: name an axis to leave out (axes: {loss: {key: algorithm.loss, values: [dapo]}}) "
             "or a control; to fit the baseline's curve alone, remove the axes key"
         )
+    _check_builds(p, camp)
     if camp.kind == "forward" and len(axes) != 1:
         raise CampaignError(f"{p}: a forward ablation sweeps exactly one axis, got {len(axes)}")
     return camp
@@ -142,6 +147,10 @@ def _check_types(p: Path, data: dict[str, Any]) -> None:
         if key in data and not isinstance(data[key], str):
             raise CampaignError(f"{p}: {key} = {data[key]!r}: expected a string")
     _named(p, f"name = {data['name']!r}", data["name"], "a campaign", "my-campaign")
+    try:
+        whole_numbers(data, ["builds"])
+    except CampaignError as e:
+        raise CampaignError(f"{p}: {e}, e.g. builds: 3 (each run on 3 independent base-model builds)") from None
     for key in ("seeds", "baseline_seeds"):
         v = data.get(key)
         if v is None and key == "baseline_seeds":
@@ -160,6 +169,30 @@ def _check_types(p: Path, data: dict[str, Any]) -> None:
     for key in ("overrides", "fit", "axes", "controls"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             raise CampaignError(f"{p}: {key} = {data[key]!r}: expected a mapping")
+
+
+def _check_builds(p: Path, camp: Campaign) -> None:
+    """``builds: N >= 2`` sets each run's ``model.build_seed`` (1..N) and offsets its seeds by the
+    build (``spec.build_seeds``): no other part of the campaign may set the build seed, and seeds stay
+    below the offset."""
+    if camp.builds < 2:
+        return
+    where = ["overrides"] if "model.build_seed" in camp.overrides else []
+    where += [f"sizes: {n!r}" for n, over in camp.sizes.items() if "model.build_seed" in over]
+    where += [f"axis {n!r}" for n, axis in camp.axes.items() if axis.key == "model.build_seed"]
+    where += [f"control {n!r}" for n, over in camp.controls.items() if "model.build_seed" in over]
+    if where:
+        raise CampaignError(
+            f"{p}: {where[0]} sets model.build_seed and builds = {camp.builds} sets it too (1..{camp.builds} for "
+            "every run): remove one (builds: N for N independent builds, or model.build_seed for one chosen build)"
+        )
+    for key in ("seeds", "baseline_seeds"):
+        big = [s for s in getattr(camp, key) or [] if s >= BUILD_STRIDE]
+        if big:
+            raise CampaignError(
+                f"{p}: {key} lists {big[0]}, but with builds = {camp.builds} seed S runs on build B as train.seed "
+                f"B*{BUILD_STRIDE}+S: use seeds in [0, {BUILD_STRIDE - 1}]"
+            )
 
 
 SIZES_EXAMPLE = "sizes: [nano, micro, mini], or each with its budget: {nano: {train.steps: 200}, mini: {}}"
@@ -239,7 +272,8 @@ def _no_repeats(p: Path, what: str, values: list[Any]) -> None:
 
 
 def expand(camp: Campaign, only_axis: str | None = None, only_sizes: tuple[str, ...] = ()) -> list[RunSpec]:
-    """Baseline + one variant per non-baseline value of each axis (LOO), or every value (forward); x seeds.
+    """Baseline + one variant per non-baseline value of each axis (LOO), or every value (forward); x seeds
+    (x builds: ``spec.build_seeds``).
     ``only_sizes``: of a scale campaign, those sizes' runs alone (the smaller sizes first, the largest
     after its forecast is committed)."""
     if only_axis is not None and only_axis not in camp.axes:
@@ -255,6 +289,12 @@ def expand(camp: Campaign, only_axis: str | None = None, only_sizes: tuple[str, 
         base_flat = recipe_from_dict(base_raw).flat()
     except RecipeError as e:
         raise CampaignError(f"{camp.path}: baseline {camp.baseline!r} with the campaign's overrides: {e}") from None
+    if camp.builds > 1 and (base_flat.get("model.path") or base_flat.get("model.build_seed") is not None):
+        what = "loads model.path" if base_flat.get("model.path") else "sets model.build_seed"
+        raise CampaignError(
+            f"{camp.path}: builds = {camp.builds} builds each embedded size {camp.builds} times, but baseline "
+            f"{camp.baseline!r} {what}: use a recipe with model.size and no build seed, or remove builds"
+        )
     variants = _size_variants(camp, base_flat) if camp.kind == "scale" else []
     if camp.kind == "loo":
         variants.append(("baseline", None, None, {}))
@@ -324,19 +364,22 @@ def _control_variants(camp: Campaign, base_flat: dict[str, Any]) -> list[Variant
 
 
 def _runs(camp: Campaign, base_raw: dict[str, Any], variant: Variant) -> list[RunSpec]:
-    """A variant's runs, one per seed (the baseline's extra seeds too), each with its recipe and identity."""
+    """A variant's runs, one per seed (the baseline's extra seeds too) and build (``builds``: each
+    build's seeds offset, ``spec.build_seeds``), each with its recipe and identity."""
     name, axis_name, value, over = variant
     seeds = camp.seeds
     if name == "baseline" and camp.baseline_seeds:
         seeds = sorted(set(camp.seeds) | set(camp.baseline_seeds))
     specs = []
-    for seed in seeds:
-        raw = apply_overrides(base_raw, {**over, "train.seed": seed, "name": f"{camp.name}/{name}"})
-        try:
-            recipe = recipe_from_dict(raw)
-        except RecipeError as e:
-            raise CampaignError(f"{camp.path}: variant {name} seed {seed}: {e}") from None
-        specs.append(RunSpec(name, axis_name, value, seed, recipe, run_key(recipe)))
+    for build, offset in build_seeds(camp):
+        built = {} if build is None else {"model.build_seed": build}
+        for seed in (s + offset for s in seeds):
+            raw = apply_overrides(base_raw, {**over, **built, "train.seed": seed, "name": f"{camp.name}/{name}"})
+            try:
+                recipe = recipe_from_dict(raw)
+            except RecipeError as e:
+                raise CampaignError(f"{camp.path}: variant {name} seed {seed}: {e}") from None
+            specs.append(RunSpec(name, axis_name, value, seed, recipe, run_key(recipe), build))
     return specs
 
 
@@ -348,7 +391,8 @@ def campaign_baseline(ref: str, sets: dict[str, Any]) -> tuple[Recipe, str]:
     base = next((s for s in specs if s.variant == "baseline"), specs[0])
     recipe = base.recipe
     if sets:
-        over = {**camp.overrides, "train.seed": base.seed, "name": recipe.name, **sets}
+        built = {} if base.build is None else {"model.build_seed": base.build}
+        over = {**camp.overrides, **built, "train.seed": base.seed, "name": recipe.name, **sets}
         recipe = recipe_from_dict(apply_overrides(raw_recipe(camp.baseline), over))
 
     def listed(d: dict) -> str:

@@ -26,7 +26,7 @@ from runners.campaign import ui
 from runners.campaign.backends import Launch, backend_of, run_all
 from runners.campaign.backends.local import command, run_folder
 from runners.campaign.load import expand, load_campaign, size_budgets
-from runners.campaign.spec import Campaign, CampaignError, RunSpec, fit_settings, fmt_value
+from runners.campaign.spec import BUILD_STRIDE, Campaign, CampaignError, RunSpec, fit_settings, fmt_value
 from runners.contract import STOP_FILE
 from runners.locks import hold
 from runners.modes import make_dir
@@ -135,9 +135,11 @@ def _run_campaign(
     existing = store.identified_runs(client, exp_id) if exp_id else {}
     root = runs_root / camp.name
     elsewhere = _elsewhere(specs, existing, root)
-    log(f"campaign {camp.name}: {len(specs)} runs ({camp.kind}, seeds {camp.seeds}), tracking {uri}")
+    built = f", {camp.builds} builds: seed S of build B is B*{BUILD_STRIDE}+S" if camp.builds > 1 else ""
+    log(f"campaign {camp.name}: {len(specs)} runs ({camp.kind}, seeds {camp.seeds}{built}), tracking {uri}")
     for s in specs:
-        log(f"  {s.variant:<28} seed {s.seed}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
+        on = "" if s.build is None else f"  build {s.build}"
+        log(f"  {s.variant:<28} seed {s.seed}{on}  id {s.run_key}  {status_of(existing.get(s.run_key))}")
     if camp.kind == "scale":
         for line in size_budgets(specs):
             log(line)
@@ -378,7 +380,7 @@ def child_run(client: MlflowClient, camp: Campaign, spec: RunSpec) -> Run:
 
 def _new_child(client: MlflowClient, exp_id: str, parent: Run, camp: Campaign, spec: RunSpec) -> Run:
     tags = _campaign_tags(camp, spec, parent)
-    return new_run(client, exp_id, spec.recipe, name=f"{spec.variant}/seed{spec.seed}", run_key=spec.run_key, tags=tags)
+    return new_run(client, exp_id, spec.recipe, name=spec.name, run_key=spec.run_key, tags=tags)
 
 
 def _parent(client: MlflowClient, exp_id: str, camp: Campaign) -> Run:

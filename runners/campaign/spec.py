@@ -134,6 +134,7 @@ class Campaign:
     path: Path
     kind: str = "loo"  # loo | forward | scale
     seeds: list[int] = field(default_factory=lambda: [0])
+    builds: int = 1  # N >= 2: every run on each of N independent builds (model.build_seed 1..N; ``build_seeds``)
     baseline_seeds: list[int] | None = None  # extra seeds for the baseline only
     overrides: dict[str, Any] = field(default_factory=dict)
     axes: dict[str, Axis] = field(default_factory=dict)
@@ -147,7 +148,8 @@ class Campaign:
 
 @dataclass
 class RunSpec:
-    """One run of a campaign: its variant, the axis and value it changes, its seed, recipe and identity."""
+    """One run of a campaign: its variant, the axis and value it changes, its seed (the run's
+    ``train.seed``), recipe and identity, and (a campaign of ``builds: N >= 2``) its build seed."""
 
     variant: str
     axis: str | None
@@ -155,6 +157,25 @@ class RunSpec:
     seed: int
     recipe: Recipe
     run_key: str
+    build: int | None = None  # model.build_seed, set by the campaign's ``builds`` (None: the size's one build)
+
+    @property
+    def name(self) -> str:
+        """The run's name (its MLflow run name, the ``run`` column of curves.csv): variant/seedS[/buildB]."""
+        return f"{self.variant}/seed{self.seed}" + (f"/build{self.build}" if self.build is not None else "")
+
+
+BUILD_STRIDE = 1000  # builds: N >= 2: seed S of the campaign runs on build B with train.seed B * 1000 + S
+
+
+def build_seeds(camp: Campaign) -> list[tuple[int | None, int]]:
+    """Each of the campaign's builds with the offset of its runs' seeds: [(None, 0)] (the size's one
+    build, seeds as listed) or, for ``builds: N >= 2``, [(1, 1000), ..., (N, N * 1000)]. Distinct
+    seeds across builds keep one run per (variant, seed), the unit every seed-wise analysis resamples,
+    so a builds campaign's runs fit like any other's; the thousands say the build."""
+    if camp.builds < 2:
+        return [(None, 0)]
+    return [(b, b * BUILD_STRIDE) for b in range(1, camp.builds + 1)]
 
 
 CAMPAIGN_KEYS = {f for f in Campaign.__dataclass_fields__ if f not in ("path", "backend_settings")}  # + backends'
