@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pandas as pd
 from mlflow.entities import Param, Run
 from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.uri import is_local_uri
 
@@ -55,6 +56,8 @@ UNSTABLE = "prl.unstable"  # set by `analysis fit`: where the run left its sibli
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Tags of a campaign's parent run.
 KIND = "prl.kind"  # "campaign"
+# Tag of a campaign's experiment.
+LEASE = "prl.lease"  # the campaign running on the store now, and until when (``runners.tracking.lease``)
 
 
 def default_tracking_uri() -> str:
@@ -208,7 +211,12 @@ def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> s
         return exp.experiment_id
     if not create:
         return None
-    new = client.create_experiment(name, tags=EXPERIMENT_KIND)
+    try:
+        new = client.create_experiment(name, tags=EXPERIMENT_KIND)
+    except MlflowException as e:  # another client created it since: theirs is the one
+        if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := client.get_experiment_by_name(name)) is None:
+            raise
+        return exp.experiment_id
     location = client.get_experiment(new).artifact_location
     if location.startswith(("/", "file:")):
         make_dir(Path(location.removeprefix("file://").removeprefix("file:")))
