@@ -188,3 +188,44 @@ def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
             append_json_line(disk / name, {"step": 2, "samples": [{"completion": "again"}]})
         assert [r["step"] for r in metric_records(disk / "metrics.jsonl")] == [0, 2]
         assert samples_table(disk / "samples.jsonl")["completion"].tolist() == [pad, "again"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_campaign_says_what_stopped_and_marks_its_runs_killed(store, tmp_path):
+    """A campaign sent SIGTERM while its run trains stops it, marks the child run and the parent run
+    KILLED (not left RUNNING until the next re-run), releases its lease, and says in one line what
+    stopped and that a re-run resumes (exit 143). Before: it died silently of the signal."""
+    import signal
+    import time
+
+    from tests.campaigns import trainers, write_campaign
+
+    path = write_campaign(tmp_path / "termed.yaml", "termed", 40, {})
+    camp = subprocess.Popen(
+        [sys.executable, "-m", "runners", "campaign", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    root = tmp_path / "artifacts" / "campaigns" / "termed"
+    deadline = time.time() + 600
+    while not list(root.glob("baseline-*/metrics.jsonl")):  # its run trains: step 0 is evaluated
+        assert camp.poll() is None and time.time() < deadline, camp.communicate()
+        time.sleep(0.5)
+    (folder,) = root.glob("baseline-*")
+    assert trainers(str(folder))
+    camp.send_signal(signal.SIGTERM)
+    out, err = camp.communicate(timeout=300)
+    assert camp.returncode == 128 + signal.SIGTERM, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert line.startswith(
+        "stopped: campaign termed stopped by SIGTERM: 1 run(s) stopped (baseline/seed0), marked KILLED"
+    )
+    assert line.endswith("stopped ones resume from their last checkpoint)"), line
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("termed")
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], [(r.info.run_name, r.info.status) for r in runs]
+    assert "prl.lease" not in exp.tags
+    assert not trainers(str(folder))  # the trainer stopped with it
