@@ -229,3 +229,39 @@ def test_sigterm_to_a_campaign_says_what_stopped_and_marks_its_runs_killed(store
     assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], [(r.info.run_name, r.info.status) for r in runs]
     assert "prl.lease" not in exp.tags
     assert not trainers(str(folder))  # the trainer stopped with it
+
+
+def test_a_safetensors_save_that_fills_the_disk_is_a_full_disk(tmp_path):
+    """safetensors' writer (a checkpoint's model.safetensors) on a real full disk raises
+    ``SafetensorError: ... No space left on device (os error 28)`` and deletes the file it cut short,
+    so the disk is no longer full when the error is read: it is still a full disk, one line naming
+    the folder. Before: not read as one, a full traceback."""
+    import torch
+    from safetensors.torch import save_file
+
+    from runners.runfolder import disk_full
+
+    with tmpfs(tmp_path / "disk", 64) as disk:
+        with pytest.raises(Exception, match="No space left on device") as raised:
+            save_file({"w": torch.zeros(100_000)}, str(disk / "model.safetensors"))
+        msg = str(disk_full(raised.value, disk, "it resumes from checkpoint-2"))
+    assert msg.startswith(f"disk full: no space left on the filesystem of {disk} (")
+    assert "SafetensorError: " in msg and msg.endswith("then re-run: it resumes from checkpoint-2"), msg
+
+
+def test_a_store_whose_disk_fills_at_creation_is_one_line_and_leaves_no_store(tmp_path):
+    """A new store (``campaign --new-store``) on a disk too small for MLflow's tables: one ``disk
+    full:`` line naming the folder, and no half-made mlflow.db left to be taken for a store. Before:
+    a 104-line ``database or disk is full`` traceback and a 53 kB mlflow.db without all its tables."""
+    from tests.campaigns import write_campaign
+
+    path = write_campaign(tmp_path / "full.yaml", "full", 2, {})
+    with tmpfs(tmp_path / "disk", 64) as disk:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{disk}/store/mlflow.db"}
+        cmd = [sys.executable, "-m", "runners", "campaign", str(path), "--new-store"]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith(f"error: disk full: no space left on the filesystem of {disk}/store ("), line
+        assert "database or disk is full" in line and f"the half-made store {disk}/store/mlflow.db was removed" in line
+        assert sorted(p.name for p in (disk / "store").glob("mlflow.db*") if "campaign.lock" not in p.name) == []
