@@ -5,8 +5,9 @@ or SLURM jobs).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
 its checkpoint into the same MLflow run. One process runs a campaign on a store at a time: it
-holds the campaign's lock (``campaign_lock``) while it schedules, and a second is refused naming
-its pid.
+holds the campaign's lease in the store (``_one_campaign``: every client of the store sees it) and,
+on a SQLite store, its file lock (``campaign_lock``), and a second is refused naming its pid and
+host. A signal (SIGTERM, Ctrl-C) that stops it marks its runs and parent KILLED (``_stopped``).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ refused (``locks.Busy``, one line naming the holder). A thread renews it every `
 one that finds another token there (a racer slower than ``SETTLE``) records it in ``lost`` and
 stops renewing, and the campaign stops its runs. A lease not renewed lapses ``TTL`` seconds after
 its last renewal (a campaign killed with ``kill -9``, a lost machine); on the holder's own host a
-dead holder (its pid gone, or reused by another process) is seen at once. The holders' clocks must
-agree to well within ``TTL``.
+dead holder (its pid gone, a zombie, or reused by another process) is seen at once. The holders'
+clocks must agree to well within ``TTL``.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ class Holder:
         if self.host != socket.gethostname():
             return False
         try:
-            return abs(psutil.Process(self.pid).create_time() - self.started) > 1.0
+            proc = psutil.Process(self.pid)
+            return abs(proc.create_time() - self.started) > 1.0 or proc.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return True
         except psutil.Error:
