@@ -44,8 +44,9 @@ from runners.task.tasks import ArithmeticTask
 WRITER_FAILURES = ("unexpected pos", "iostream error", "file write failed")
 # The system's own words for a full disk, kept in the text of an error that is no OSError: safetensors'
 # ``SafetensorError: ... No space left on device (os error 28)`` (it deletes the file it cut short, so
-# the disk is no longer full), Rust's ``StorageFull``, SQLite's ``database or disk is full``.
-FULL_DISK_WORDS = ("no space left on device", "disk quota exceeded", "storagefull", "database or disk is full")
+# the disk is no longer full), Rust's ``StorageFull``.
+FULL_DISK_WORDS = ("no space left on device", "disk quota exceeded", "storagefull")
+SQLITE_FULL = "database or disk is full"  # SQLite's, for a SQLite file known to be in the folder
 NEARLY_FULL = 16 * 2**20  # bytes (or 5% of a smaller disk): less left after a writer failed means a full disk
 
 
@@ -128,13 +129,15 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def full_disk(exc: BaseException, folder: Path) -> str | None:
+def full_disk(exc: BaseException, folder: Path, words: tuple[str, ...] = ()) -> str | None:
     """When ``exc`` is a write into ``folder`` that ran out of space: ``no space left on the filesystem
-    of FOLDER (F free of T) (the error's first line)``; else None."""
+    of FOLDER (F free of T) (the error's first line)``; else None. ``words``: more of a writer's words
+    for a full disk, where that writer writes only into ``folder`` (``SQLITE_FULL`` for a store there:
+    a tracking server's would be the server's disk)."""
     folder = Path(folder)
     causes = list(_chain(exc))
     enospc = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
-    enospc = enospc or any(m in str(e).lower() for e in causes for m in FULL_DISK_WORDS)
+    enospc = enospc or any(m in str(e).lower() for e in causes for m in (*FULL_DISK_WORDS, *words))
     writer = any(m in str(e).lower() for e in causes for m in WRITER_FAILURES)
     try:
         usage = shutil.disk_usage(folder)

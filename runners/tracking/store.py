@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.uri import is_local_uri
 
 from runners.modes import make_dir, make_file
-from runners.runfolder import full_disk
+from runners.runfolder import SQLITE_FULL, full_disk
 
 DEFAULT_STORE = "mlflow.db"
 
@@ -159,7 +159,7 @@ def create_store(uri: str) -> bool:
         for folder in made:  # innermost first
             with contextlib.suppress(OSError):
                 folder.rmdir()
-        why = full_disk(e, path.parent) if isinstance(e, Exception) else None
+        why = full_disk(e, path.parent, (SQLITE_FULL,)) if isinstance(e, Exception) else None
         if why is None:
             raise
         raise StoreError(
