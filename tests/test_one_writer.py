@@ -334,3 +334,29 @@ def test_clients_creating_one_campaigns_experiment_at_once_end_with_it(session_s
         assert (
             len(set(found)) == 1 and found[0] == MlflowClient(session_server).get_experiment_by_name(name).experiment_id
         ), found
+
+
+def test_a_lease_another_client_overwrote_is_seen_as_lost_and_left_to_it(session_server, monkeypatch):
+    """A racer slower than the lease's settle time writes its lease over a held one: the holder's next
+    renewal sees it (``lost`` names the other, and the campaign stops on it), stops renewing, and its
+    release leaves the other's lease in place."""
+    import json as json_
+
+    from runners.tracking import lease as lease_module
+    from runners.tracking import store
+    from runners.tracking.lease import Holder
+
+    monkeypatch.setattr(lease_module, "RENEW", 0.2)  # a renewal every 0.2 s, not every 30 s
+    client = MlflowClient(session_server)
+    exp_id = store.experiment_id(client, "overwritten", create=True)
+    mine = _lease(session_server, exp_id)
+    mine.take()
+    now = time.time()
+    other = Holder("beef", "other-machine", 1234, now, "python -m runners campaign overwritten", now, now + 180)
+    client.set_experiment_tag(exp_id, store.LEASE, json_.dumps(other.__dict__))
+    deadline = time.time() + 60
+    while mine.lost is None and time.time() < deadline:
+        time.sleep(0.1)
+    mine.release()
+    assert mine.lost is not None and mine.lost.startswith("pid 1234 on other-machine ("), mine.lost
+    assert Holder.parse(client.get_experiment(exp_id).tags[store.LEASE]).token == "beef"
