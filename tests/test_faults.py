@@ -249,6 +249,23 @@ def test_a_safetensors_save_that_fills_the_disk_is_a_full_disk(tmp_path):
     assert "SafetensorError: " in msg and msg.endswith("then re-run: it resumes from checkpoint-2"), msg
 
 
+@pytest.mark.slow
+def test_a_run_whose_disk_fills_inside_a_safetensors_save_is_one_line(tiny_base, tmp_path):
+    """A real tiny run on a disk of 1.5x the weights: its step-0 best model fits, and the next
+    weights written (best/ again at step 2, or checkpoint-2's model.safetensors) fill the disk inside
+    safetensors' writer. One ``disk full:`` line naming the run folder, no traceback. Before: exit 1
+    with safetensors' traceback (140 KiB of 564 KiB were free again when the error was read)."""
+    weights = (tiny_base / "model.safetensors").stat().st_size
+    with tmpfs(tmp_path / "disk", 3 * weights // 2 // 1024) as disk:
+        run = disk / "run"
+        cmd = [sys.executable, "-m", "runners", "train", "scalerl", "--untracked", "--run-dir", str(run), *SETS]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith(f"error: disk full: no space left on the filesystem of {run} ("), line
+        assert "SafetensorError: " in line and "No space left on device" in line, line
+
+
 def test_a_store_whose_disk_fills_at_creation_is_one_line_and_leaves_no_store(tmp_path):
     """A new store (``campaign --new-store``) on a disk too small for MLflow's tables: one ``disk
     full:`` line naming the folder, and no half-made mlflow.db left to be taken for a store. Before:

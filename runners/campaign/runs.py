@@ -161,14 +161,14 @@ def _run_campaign(
             aside = set_aside(folder, "other-store")
             log(f"  {s.variant} seed {s.seed}: its folder held a run of {was}; set aside in {aside}, trained again")
         parent = _parent(client, exp_id, camp)
-        if parent.info.status != "RUNNING":  # KILLED, FAILED or FINISHED by an earlier run of the campaign
-            client.update_run(parent.info.run_id, status="RUNNING")
-        ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # the UI opens on curves
-        make_dir(root)  # private (0700), or PRL_GROUP's
-        tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log, lease=held)
-        todo, resumed = tracked.to_run(specs, resume_stopped)
-        t0 = time.perf_counter()
         try:
+            if parent.info.status != "RUNNING":  # KILLED, FAILED or FINISHED by an earlier run of the campaign
+                client.update_run(parent.info.run_id, status="RUNNING")
+            ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # opens on curves
+            make_dir(root)  # private (0700), or PRL_GROUP's
+            tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log, lease=held)
+            todo, resumed = tracked.to_run(specs, resume_stopped)
+            t0 = time.perf_counter()
             failures, saved = tracked.train(specs, todo, decide=decide, resumed=resumed)
         except (Stopped, KeyboardInterrupt) as e:  # its backend has stopped its runs (``run_all``)
             raise _stopped(client, exp_id, parent.info.run_id, camp, e) from None
