@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -74,20 +75,33 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from runners.campaign.runs import run_campaign
+    from runners.campaign.runs import CampaignStopped, run_campaign, signal_of, stop_code
+    from runners.tracking.serve import Stopped, stop_on_signals
     from runners.tracking.store import check_store, default_tracking_uri
 
     check_store(default_tracking_uri())  # a corrupt store is one line, before a lock, a server or a run
     t0 = time.perf_counter()
-    summary = run_campaign(
-        args.campaign,
-        only_axis=args.axis,
-        only_sizes=tuple(args.size or ()),
-        dry_run=args.dry_run,
-        resume_stopped=args.resume_stopped,
-        new_store=args.new_store,
-        log=lambda m: print(m, flush=True),
-    )
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}  # an in-process caller's
+    stop_on_signals(once=True)  # SIGTERM, Ctrl-C: its runs stop and are marked KILLED, in one line
+    try:
+        summary = run_campaign(
+            args.campaign,
+            only_axis=args.axis,
+            only_sizes=tuple(args.size or ()),
+            dry_run=args.dry_run,
+            resume_stopped=args.resume_stopped,
+            new_store=args.new_store,
+            log=lambda m: print(m, flush=True),
+        )
+    except CampaignStopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        return e.code
+    except (Stopped, KeyboardInterrupt) as e:  # before any run started
+        print(f"stopped: campaign {args.campaign} stopped by {signal_of(e)} before any run started", file=sys.stderr)
+        return stop_code(e)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     if args.dry_run:
         return 0
     failures = summary["failures"]

@@ -13,12 +13,12 @@ folder created here is private to its owner (``runners.modes``).
 Faults, each naming the folder and the fix: a folder this process cannot write (checked before
 anything loads), a disk that fills up mid-run, and a JSON-lines file appended to so that a line a
 full disk or a kill cut short never swallows the next. A full disk surfaces as
-``OSError(ENOSPC)``, or wrapped by torch's zip writer as ``RuntimeError: [enforce fail at
-inline_container.cc] . unexpected pos`` or ``basic_ios::clear: iostream error``, which say nothing
-of space; such a writer error is taken for a full disk when the folder's filesystem has (almost)
-nothing left (``shutil.disk_usage``), and its text is kept in the message. The checkpoint it cut
-short has no ``prl_state.json`` (written last), so a re-run skips it and resumes from the one
-before (``runners.rl.train.last_complete_checkpoint``).
+``OSError(ENOSPC)``, as the system's words inside another error (safetensors', SQLite's), or wrapped
+by torch's zip writer as ``RuntimeError: [enforce fail at inline_container.cc] . unexpected pos`` or
+``basic_ios::clear: iostream error``, which say nothing of space; such a writer error is taken for a
+full disk when the folder's filesystem has (almost) nothing left (``shutil.disk_usage``), and its
+text is kept in the message. The checkpoint it cut short has no ``prl_state.json`` (written last),
+so a re-run skips it and resumes from the one before (``runners.rl.train.last_complete_checkpoint``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,13 @@ from runners.recipe import Recipe, RecipeError, load_recipe
 from runners.task.sizes import base_model_path
 from runners.task.tasks import ArithmeticTask
 
-# What torch's and safetensors' writers say when a write comes up short (the reason is not kept).
-WRITER_FAILURES = ("unexpected pos", "iostream error", "file write failed", "no space left", "storagefull")
+# What torch's writer says when a write comes up short (the reason is not kept).
+WRITER_FAILURES = ("unexpected pos", "iostream error", "file write failed")
+# The system's own words for a full disk, kept in the text of an error that is no OSError: safetensors'
+# ``SafetensorError: ... No space left on device (os error 28)`` (it deletes the file it cut short, so
+# the disk is no longer full), Rust's ``StorageFull``.
+FULL_DISK_WORDS = ("no space left on device", "disk quota exceeded", "storagefull")
+SQLITE_FULL = "database or disk is full"  # SQLite's, for a SQLite file known to be in the folder
 NEARLY_FULL = 16 * 2**20  # bytes (or 5% of a smaller disk): less left after a writer failed means a full disk
 
 
@@ -126,12 +131,15 @@ def _chain(exc: BaseException):
         exc = exc.__cause__ or exc.__context__
 
 
-def disk_full(exc: BaseException, folder: Path, then: str) -> RunFolderError | None:
-    """The one-line error for ``exc`` when it is a write into ``folder`` that ran out of space,
-    else None. ``then`` says what a re-run does (e.g. ``it resumes from checkpoint-2``)."""
+def full_disk(exc: BaseException, folder: Path, words: tuple[str, ...] = ()) -> str | None:
+    """When ``exc`` is a write into ``folder`` that ran out of space: ``no space left on the filesystem
+    of FOLDER (F free of T) (the error's first line)``; else None. ``words``: more of a writer's words
+    for a full disk, where that writer writes only into ``folder`` (``SQLITE_FULL`` for a store there:
+    a tracking server's would be the server's disk)."""
     folder = Path(folder)
     causes = list(_chain(exc))
     enospc = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in causes)
+    enospc = enospc or any(m in str(e).lower() for e in causes for m in (*FULL_DISK_WORDS, *words))
     writer = any(m in str(e).lower() for e in causes for m in WRITER_FAILURES)
     try:
         usage = shutil.disk_usage(folder)
@@ -143,10 +151,17 @@ def disk_full(exc: BaseException, folder: Path, then: str) -> RunFolderError | N
     space = f" ({_size(usage.free)} free of {_size(usage.total)})" if usage is not None else ""
     text = str(exc).strip()
     what = f"{type(exc).__name__}: {text.splitlines()[0][:120]}" if text else type(exc).__name__
+    return f"no space left on the filesystem of {folder}{space} ({what})"
+
+
+def disk_full(exc: BaseException, folder: Path, then: str) -> RunFolderError | None:
+    """The one-line error for ``exc`` when it is a write into ``folder`` that ran out of space
+    (``full_disk``), else None. ``then`` says what a re-run does (e.g. ``it resumes from checkpoint-2``)."""
+    why = full_disk(exc, folder)
+    if why is None:
+        return None
     return RunFolderError(
-        f"disk full: no space left on the filesystem of {folder}{space} "
-        f"({what}); free space there or train into another folder (--run-dir), "
-        f"then re-run: {then}"
+        f"disk full: {why}; free space there or train into another folder (--run-dir), then re-run: {then}"
     )
 
 

@@ -188,3 +188,97 @@ def test_a_line_a_full_disk_cut_short_never_swallows_the_next(tmp_path):
             append_json_line(disk / name, {"step": 2, "samples": [{"completion": "again"}]})
         assert [r["step"] for r in metric_records(disk / "metrics.jsonl")] == [0, 2]
         assert samples_table(disk / "samples.jsonl")["completion"].tolist() == [pad, "again"]
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_campaign_says_what_stopped_and_marks_its_runs_killed(store, tmp_path):
+    """A campaign sent SIGTERM while its run trains stops it, marks the child run and the parent run
+    KILLED (not left RUNNING until the next re-run), releases its lease, and says in one line what
+    stopped and that a re-run resumes (exit 143). Before: it died silently of the signal."""
+    import signal
+    import time
+
+    from tests.campaigns import trainers, write_campaign
+
+    path = write_campaign(tmp_path / "termed.yaml", "termed", 40, {})
+    camp = subprocess.Popen(
+        [sys.executable, "-m", "runners", "campaign", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    root = tmp_path / "artifacts" / "campaigns" / "termed"
+    deadline = time.time() + 600
+    while not list(root.glob("baseline-*/metrics.jsonl")):  # its run trains: step 0 is evaluated
+        assert camp.poll() is None and time.time() < deadline, camp.communicate()
+        time.sleep(0.5)
+    (folder,) = root.glob("baseline-*")
+    assert trainers(str(folder))
+    camp.send_signal(signal.SIGTERM)
+    out, err = camp.communicate(timeout=300)
+    assert camp.returncode == 128 + signal.SIGTERM, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.strip()]
+    assert line.startswith(
+        "stopped: campaign termed stopped by SIGTERM: 1 run(s) stopped (baseline/seed0), marked KILLED"
+    )
+    assert line.endswith("stopped ones resume from their last checkpoint)"), line
+    client = MlflowClient(store)
+    exp = client.get_experiment_by_name("termed")
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], [(r.info.run_name, r.info.status) for r in runs]
+    assert "prl.lease" not in exp.tags
+    assert not trainers(str(folder))  # the trainer stopped with it
+
+
+def test_a_safetensors_save_that_fills_the_disk_is_a_full_disk(tmp_path):
+    """safetensors' writer (a checkpoint's model.safetensors) on a real full disk raises
+    ``SafetensorError: ... No space left on device (os error 28)`` and deletes the file it cut short,
+    so the disk is no longer full when the error is read: it is still a full disk, one line naming
+    the folder. Before: not read as one, a full traceback."""
+    import torch
+    from safetensors.torch import save_file
+
+    from runners.runfolder import disk_full
+
+    with tmpfs(tmp_path / "disk", 64) as disk:
+        with pytest.raises(Exception, match="No space left on device") as raised:
+            save_file({"w": torch.zeros(100_000)}, str(disk / "model.safetensors"))
+        msg = str(disk_full(raised.value, disk, "it resumes from checkpoint-2"))
+    assert msg.startswith(f"disk full: no space left on the filesystem of {disk} (")
+    assert "SafetensorError: " in msg and msg.endswith("then re-run: it resumes from checkpoint-2"), msg
+
+
+@pytest.mark.slow
+def test_a_run_whose_disk_fills_inside_a_safetensors_save_is_one_line(tiny_base, tmp_path):
+    """A real tiny run on a disk of 1.5x the weights: its step-0 best model fits, and the next
+    weights written (best/ again at step 2, or checkpoint-2's model.safetensors) fill the disk inside
+    safetensors' writer. One ``disk full:`` line naming the run folder, no traceback. Before: exit 1
+    with safetensors' traceback (140 KiB of 564 KiB were free again when the error was read)."""
+    weights = (tiny_base / "model.safetensors").stat().st_size
+    with tmpfs(tmp_path / "disk", 3 * weights // 2 // 1024) as disk:
+        run = disk / "run"
+        cmd = [sys.executable, "-m", "runners", "train", "scalerl", "--untracked", "--run-dir", str(run), *SETS]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=900)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith(f"error: disk full: no space left on the filesystem of {run} ("), line
+        assert "SafetensorError: " in line and "No space left on device" in line, line
+
+
+def test_a_store_whose_disk_fills_at_creation_is_one_line_and_leaves_no_store(tmp_path):
+    """A new store (``campaign --new-store``) on a disk too small for MLflow's tables: one ``disk
+    full:`` line naming the folder, and no half-made mlflow.db left to be taken for a store. Before:
+    a 104-line ``database or disk is full`` traceback and a 53 kB mlflow.db without all its tables."""
+    from tests.campaigns import write_campaign
+
+    path = write_campaign(tmp_path / "full.yaml", "full", 2, {})
+    with tmpfs(tmp_path / "disk", 64) as disk:
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{disk}/store/mlflow.db"}
+        cmd = [sys.executable, "-m", "runners", "campaign", str(path), "--new-store"]
+        res = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
+        (line,) = [x for x in res.stderr.splitlines() if x.startswith("error:")]
+        assert line.startswith(f"error: disk full: no space left on the filesystem of {disk}/store ("), line
+        assert "database or disk is full" in line and f"the half-made store {disk}/store/mlflow.db was removed" in line
+        assert sorted(p.name for p in (disk / "store").glob("mlflow.db*") if "campaign.lock" not in p.name) == []

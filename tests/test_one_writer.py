@@ -168,3 +168,195 @@ def test_two_campaigns_started_together_one_refuses_naming_the_other(store, tmp_
     assert run.data.tags["prl.done"] == "1" and history_steps(client, run.info.run_id, "val/mean_at_16") == [0, 2]
     (folder,) = (tmp_path / "artifacts" / "campaigns" / "twice").glob("baseline-*")
     assert steps_of(folder) == [0, 2]
+
+
+# --- #60 item 1: one campaign per store on a tracking server, whatever folder or URI spelling -------
+
+
+def _lease(url: str, exp_id: str):
+    from runners.campaign.runs import ADVICE
+    from runners.tracking.lease import Lease
+
+    return Lease(MlflowClient(url), exp_id, f"campaign leased on store {url}", ADVICE)
+
+
+def test_a_campaign_on_a_server_another_campaign_holds_is_refused_from_any_folder_and_spelling(
+    session_server, tmp_path
+):
+    """A campaign holds its lease on a real tracking server (as http://127.0.0.1:PORT, from one
+    folder); the same campaign run from another folder through http://localhost:PORT is refused in
+    one line naming the holder and when its lease lapses, before it makes any MLflow run or folder.
+    Before: the lock was a file in the campaign's folder keyed by the URI's text, and both trained
+    every run (two FINISHED child runs per identity)."""
+    import socket
+
+    from runners.tracking import store
+
+    port = session_server.rsplit(":", 1)[1]
+    client = MlflowClient(f"http://127.0.0.1:{port}")
+    exp_id = store.experiment_id(client, "leased", create=True)
+    path = write_campaign(tmp_path / "leased.yaml", "leased", 2, {})
+    other = tmp_path / "other"
+    other.mkdir()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"http://localhost:{port}"}
+    lease = _lease(f"http://127.0.0.1:{port}", exp_id)
+    lease.take()
+    try:
+        res = subprocess.run(
+            [sys.executable, "-m", "runners", "campaign", str(path)],
+            cwd=other,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        lease.release()
+    line = one_line_error(res)
+    assert line.startswith(
+        f"error: campaign leased on store http://localhost:{port} is in use by pid {os.getpid()} on "
+    ), line
+    assert socket.gethostname() in line and "its lease on the store lapses at " in line, line
+    assert client.search_runs([exp_id]) == []  # no parent, no child run
+    assert not (other / "artifacts").exists()
+    assert store.LEASE not in client.get_experiment(exp_id).tags  # released
+
+
+def test_two_clients_racing_for_a_lease_end_with_one_holder(session_server):
+    """Two clients that find a campaign's lease free at the same moment (through two spellings of one
+    server) both write it; exactly one holds it and the other is refused naming it."""
+    import threading
+
+    from runners.locks import Busy
+    from runners.tracking import store
+
+    port = session_server.rsplit(":", 1)[1]
+    exp_id = store.experiment_id(MlflowClient(session_server), "raced", create=True)
+    leases = [_lease(f"http://{host}:{port}", exp_id) for host in ("127.0.0.1", "localhost")]
+    barrier, outcome = threading.Barrier(2), {}
+
+    def take(i: int) -> None:
+        barrier.wait()
+        try:
+            leases[i].take()
+            outcome[i] = "held"
+        except Busy as e:
+            outcome[i] = str(e)
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert sorted(v == "held" for v in outcome.values()) == [False, True], outcome
+        winner = next(i for i, v in outcome.items() if v == "held")
+        assert f"is in use by pid {os.getpid()} on " in outcome[1 - winner], outcome
+        assert leases[winner].current().token == leases[winner].token
+    finally:
+        for lease in leases:
+            lease.release()
+
+
+HOLD_LEASE = """
+import sys, time
+from mlflow.tracking import MlflowClient
+from runners.tracking.lease import Lease
+Lease(MlflowClient(sys.argv[1]), sys.argv[2], "campaign killed", "wait").take()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_lease_of_a_killed_campaign_is_taken_over(session_server):
+    """A campaign killed with kill -9 renews its lease no more: on its own host the next campaign takes
+    it at once (its pid is gone); a lease of another host is taken only once it has lapsed, and
+    until then the refusal says when that is."""
+    import json as json_
+
+    from runners.locks import Busy
+    from runners.tracking import store
+    from runners.tracking.lease import Holder
+
+    client = MlflowClient(session_server)
+    exp_id = store.experiment_id(client, "killed", create=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LEASE, session_server, exp_id], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(Busy, match=f"pid {holder.pid} on "):
+        _lease(session_server, exp_id).take()
+    holder.kill()
+    holder.wait()
+    mine = _lease(session_server, exp_id)
+    mine.take()  # its pid is gone: taken over at once
+    mine.release()
+
+    now = time.time()
+    for expires, taken in ((now + 100, False), (now - 1, True)):
+        gone = Holder("f00d", "gone-machine", 4321, now - 50, "python -m runners campaign x", now - 60, expires)
+        client.set_experiment_tag(exp_id, store.LEASE, json_.dumps(gone.__dict__))
+        lease = _lease(session_server, exp_id)
+        if taken:
+            lease.take()
+            lease.release()
+        else:
+            with pytest.raises(Busy) as refused:
+                lease.take()
+            lapses = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(expires))
+            assert "pid 4321 on gone-machine (" in str(refused.value) and f"lapses at {lapses}" in str(refused.value)
+
+
+def test_clients_creating_one_campaigns_experiment_at_once_end_with_it(session_server):
+    """Several clients of one server that find a campaign's experiment missing create it at the same
+    moment: each ends with the one experiment, none with MLflow's RESOURCE_ALREADY_EXISTS."""
+    import threading
+
+    from runners.tracking import store
+
+    for attempt in range(3):
+        name, barrier, found = f"created-together-{attempt}", threading.Barrier(6), []
+
+        def create(name: str = name, barrier: threading.Barrier = barrier, found: list = found) -> None:
+            client = MlflowClient(session_server)
+            client.get_experiment_by_name("warm-up")  # the connection, before the race
+            barrier.wait()
+            try:
+                found.append(store.experiment_id(client, name, create=True))
+            except Exception as e:
+                found.append(repr(e)[:300])
+
+        threads = [threading.Thread(target=create) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert (
+            len(set(found)) == 1 and found[0] == MlflowClient(session_server).get_experiment_by_name(name).experiment_id
+        ), found
+
+
+def test_a_lease_another_client_overwrote_is_seen_as_lost_and_left_to_it(session_server, monkeypatch):
+    """A racer slower than the lease's settle time writes its lease over a held one: the holder's next
+    renewal sees it (``lost`` names the other, and the campaign stops on it), stops renewing, and its
+    release leaves the other's lease in place."""
+    import json as json_
+
+    from runners.tracking import lease as lease_module
+    from runners.tracking import store
+    from runners.tracking.lease import Holder
+
+    monkeypatch.setattr(lease_module, "RENEW", 0.2)  # a renewal every 0.2 s, not every 30 s
+    client = MlflowClient(session_server)
+    exp_id = store.experiment_id(client, "overwritten", create=True)
+    mine = _lease(session_server, exp_id)
+    mine.take()
+    now = time.time()
+    other = Holder("beef", "other-machine", 1234, now, "python -m runners campaign overwritten", now, now + 180)
+    client.set_experiment_tag(exp_id, store.LEASE, json_.dumps(other.__dict__))
+    deadline = time.time() + 60
+    while mine.lost is None and time.time() < deadline:
+        time.sleep(0.1)
+    mine.release()
+    assert mine.lost is not None and mine.lost.startswith("pid 1234 on other-machine ("), mine.lost
+    assert Holder.parse(client.get_experiment(exp_id).tags[store.LEASE]).token == "beef"

@@ -37,7 +37,7 @@ import sys, time
 from pathlib import Path
 from runners.campaign.runs import campaign_lock
 from runners.locks import hold
-with hold(campaign_lock("same", sys.argv[1], Path(sys.argv[2])), "campaign same", "wait"):
+with hold(campaign_lock("same", sys.argv[1]), "campaign same", "wait"):
     print("held", flush=True)
     time.sleep(600)
 """

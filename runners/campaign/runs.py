@@ -5,16 +5,17 @@ or SLURM jobs).
 
 Re-running is safe: a finished run (same identity) is skipped, an interrupted one resumes from
 its checkpoint into the same MLflow run. One process runs a campaign on a store at a time: it
-holds the campaign's lock (``campaign_lock``) while it schedules, and a second is refused naming
-its pid.
+holds the campaign's lease in the store (``_one_campaign``: every client of the store sees it) and,
+on a SQLite store, its file lock (``campaign_lock``), and a second is refused naming its pid and
+host. A signal (SIGTERM, Ctrl-C) that stops it marks its runs and parent KILLED (``_stopped``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,9 @@ from runners.modes import make_dir
 from runners.runfolder import has_history, recorded_store, remember_store, set_aside
 from runners.task.sizes import base_model_path, parameter_count
 from runners.task.weights import base_weights
-from runners.tracking import basemodels, store
+from runners.tracking import basemodels, lease, store
 from runners.tracking.run import new_run
+from runners.tracking.serve import Stopped
 
 
 def status_of(run: Run | None) -> str:
@@ -75,9 +77,12 @@ def run_campaign(
         make_dir(db.parent)  # a new store's folder (--new-store): private, or PRL_GROUP's
     check_backend(camp)  # before the lock: a campaign that cannot run leaves nothing behind
     check_folders(camp, specs, runs_root)  # a read-only artifacts/ or base-model cache: likewise
-    advice = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
-    with hold(campaign_lock(camp.name, uri, runs_root), f"campaign {camp.name} on store {uri}", advice):
+    lock = campaign_lock(camp.name, uri)  # a SQLite store's file lock; every store's lease (``_one_campaign``)
+    with hold(lock, f"campaign {camp.name} on store {uri}", ADVICE) if lock else contextlib.nullcontext():
         return _run_campaign(camp, specs, uri, decide, False, runs_root, resume_stopped, log, new_store=new_store)
+
+
+ADVICE = "wait for it, or stop it and run the campaign again (finished runs are kept, interrupted ones resume)"
 
 
 def check_backend(camp: Campaign) -> None:
@@ -106,14 +111,13 @@ def check_folders(camp: Campaign, specs: list[RunSpec], runs_root: Path) -> None
             raise CampaignError(problem)
 
 
-def campaign_lock(name: str, uri: str, runs_root: Path) -> Path:
-    """The lock of a campaign on a store: beside a SQLite store's own file (whatever folder the
-    campaign is run from, and whatever symlink or ``..`` reaches the file), else in the campaign's
-    folder, one per store."""
+def campaign_lock(name: str, uri: str) -> Path | None:
+    """The file lock of a campaign on a SQLite store: beside the store's own file (whatever folder the
+    campaign is run from, and whatever symlink or ``..`` reaches the file). Any other store has none:
+    a file lock is seen only by the clients that share its folder; the lease on the store itself
+    (``runners.tracking.lease``, taken by ``_one_campaign``) is seen by all."""
     db = store.sqlite_file(store.canonical_uri(uri))
-    if db is not None:
-        return db.with_name(f"{db.name}.{name.replace('/', '-')}.campaign.lock")
-    return runs_root / name / f"campaign-{hashlib.sha256(uri.encode()).hexdigest()[:12]}.lock"
+    return None if db is None else db.with_name(f"{db.name}.{name.replace('/', '-')}.campaign.lock")
 
 
 def _run_campaign(
@@ -151,22 +155,29 @@ def _run_campaign(
         return {"runs": len(specs), "dry_run": True}
     if elsewhere and not new_store:
         raise CampaignError(_elsewhere_line(camp, elsewhere, uri))
-    for s, folder in elsewhere:
-        held = recorded_store(folder) or "another store"
-        aside = set_aside(folder, "other-store")
-        log(f"  {s.variant} seed {s.seed}: its folder held a run of {held}; set aside in {aside}, trained again here")
     if store.create_store(uri):
         log(f"created the MLflow store {db} (mode {oct(db.stat().st_mode & 0o7777)[2:]})")
     client = client or MlflowClient(uri)
     exp_id = store.experiment_id(client, camp.name, create=True)
-    parent = _parent(client, exp_id, camp)
-    ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # the UI opens on the curves
-    make_dir(root)  # private (0700), or PRL_GROUP's
-    tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log)
-    todo, resumed = tracked.to_run(specs, resume_stopped)
-    t0 = time.perf_counter()
-    failures, saved = tracked.train(specs, todo, decide=decide, resumed=resumed)
-    client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
+    with _one_campaign(client, exp_id, camp, uri) as held:
+        existing = store.identified_runs(client, exp_id)  # again, under the lease: a campaign that held it wrote
+        for s, folder in _elsewhere(specs, existing, root):
+            was = recorded_store(folder) or "another store"
+            aside = set_aside(folder, "other-store")
+            log(f"  {s.variant} seed {s.seed}: its folder held a run of {was}; set aside in {aside}, trained again")
+        parent = _parent(client, exp_id, camp)
+        try:
+            if parent.info.status != "RUNNING":  # KILLED, FAILED or FINISHED by an earlier run of the campaign
+                client.update_run(parent.info.run_id, status="RUNNING")
+            ui.prepare(client, exp_id, parent.info.run_id, camp.name, fit_settings(camp.fit).x)  # opens on curves
+            make_dir(root)  # private (0700), or PRL_GROUP's
+            tracked = _Tracked(camp, uri, root, client, exp_id, parent, existing, log, lease=held)
+            todo, resumed = tracked.to_run(specs, resume_stopped)
+            t0 = time.perf_counter()
+            failures, saved = tracked.train(specs, todo, decide=decide, resumed=resumed)
+        except (Stopped, KeyboardInterrupt) as e:  # its backend has stopped its runs (``run_all``)
+            raise _stopped(client, exp_id, parent.info.run_id, camp, e) from None
+        client.set_terminated(parent.info.run_id, "FAILED" if failures else "FINISHED")
     return {
         "runs": len(specs),
         "ran": len(todo),
@@ -178,6 +189,56 @@ def _run_campaign(
         "campaign": camp,
         "adaptive": saved,
     }
+
+
+@contextlib.contextmanager
+def _one_campaign(client: MlflowClient, exp_id: str, camp: Campaign, uri: str) -> Iterator[lease.Lease]:
+    """This campaign alone on its store for the block, whatever folder or URI spelling another is run
+    with: the lease on the campaign's experiment (``runners.tracking.lease``), taken before any of its
+    runs or folders is touched; refused (``locks.Busy``) in one line naming the live holder."""
+    with lease.held(client, exp_id, f"campaign {camp.name} on store {store.store_key(uri)}", ADVICE) as held:
+        yield held
+
+
+class CampaignStopped(Exception):
+    """A campaign stopped by a signal (SIGTERM, Ctrl-C) after its runs were stopped and marked KILLED;
+    the message says what stopped and what a re-run does; ``code`` is the exit status (128 + signal)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def signal_of(e: BaseException) -> str:
+    """The signal a ``Stopped`` (or a ``KeyboardInterrupt``) stands for: ``SIGTERM``, ``SIGINT``."""
+    return str(e) if isinstance(e, Stopped) and str(e) in signal.Signals.__members__ else "SIGINT"
+
+
+def stop_code(e: BaseException) -> int:
+    """The exit status of a command a signal stopped: 128 + the signal's number (143 for SIGTERM)."""
+    return 128 + int(signal.Signals[signal_of(e)])
+
+
+def _stopped(client: MlflowClient, exp_id: str, parent_id: str, camp: Campaign, e: BaseException) -> CampaignStopped:
+    """After a signal stopped the campaign, its backend having stopped its runs: the runs of its
+    experiment left RUNNING (what was training, and runs made but not started), and its parent run,
+    marked KILLED (a re-run resumes them); the one line that says so."""
+    sig = signal_of(e)
+    again = "run the campaign again to go on (finished runs are kept, stopped ones resume from their last checkpoint)"
+    try:
+        running = client.search_runs([exp_id], "attributes.status = 'RUNNING'", max_results=50000)
+        names = sorted(r.info.run_name for r in running if r.info.run_id != parent_id)
+        for r in running:
+            client.set_terminated(r.info.run_id, "KILLED")
+        client.set_terminated(parent_id, "KILLED")
+    except Exception as err:  # the store is out of reach: the next run of the campaign resumes them all the same
+        marked = f"; MLflow could not mark them KILLED ({str(err).splitlines()[0][:120] if str(err) else err!r})"
+        names, what = [], "its runs were stopped"
+    else:
+        marked = ", marked KILLED in MLflow with the campaign's parent run"
+        what = f"{len(names)} run(s) stopped ({', '.join(names[:4])}{' ...' if len(names) > 4 else ''})"
+        what = what if names else "no run was training"
+    return CampaignStopped(f"campaign {camp.name} stopped by {sig}: {what}{marked}; {again}", stop_code(e))
 
 
 @dataclass
@@ -192,6 +253,7 @@ class _Tracked:
     parent: Run
     existing: dict[str, Run]
     log: Callable[[str], None]
+    lease: Any = None  # its lease on the store (``runners.tracking.lease``): lost to another, it stops
     watched: Any = None  # the tracking server in front of a SQLite store (``runners.campaign.watch``)
     monitor: Any = None  # an adaptive campaign's decisions (``runners.campaign.adaptive.Monitor``)
     bases: dict[str, tuple[Path, str | None]] = field(default_factory=dict)  # build -> cache folder, weights used
@@ -300,7 +362,13 @@ class _Tracked:
         return launch
 
     def poll(self) -> None:
-        """Between the backend's polls: the server's health, an adaptive campaign's decisions."""
+        """Between the backend's polls: its lease on the store, the server's health, an adaptive campaign's
+        decisions."""
+        if self.lease is not None and self.lease.lost is not None:
+            raise CampaignError(
+                f"campaign {self.camp.name} lost its lease on the store to {self.lease.lost} (two campaigns "
+                "started at the same moment); its runs were stopped: let that one finish, then run it again"
+            )
         if self.watched is not None and self.watched.lost is not None:
             self.serving()
         if self.monitor is not None:

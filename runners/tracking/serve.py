@@ -91,10 +91,14 @@ class Stopped(BaseException):
     on exit, after it was caught and whatever the command returned."""
 
 
-def stop_on_signals() -> None:
-    """From now on Ctrl-C and SIGTERM raise ``Stopped`` in this process's main thread."""
+def stop_on_signals(once: bool = False) -> None:
+    """From now on Ctrl-C and SIGTERM raise ``Stopped`` in this process's main thread; ``once``: the
+    first one only, later ones are ignored (the stop that the first began is not cut short)."""
 
     def stop(signum: int, _frame: object) -> None:
+        if once:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
         raise Stopped(signal.Signals(signum).name)
 
     for sig in (signal.SIGINT, signal.SIGTERM):

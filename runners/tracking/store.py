@@ -19,10 +19,12 @@ from urllib.parse import urlsplit, urlunsplit
 import pandas as pd
 from mlflow.entities import Param, Run
 from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.uri import is_local_uri
 
 from runners.modes import make_dir, make_file
+from runners.runfolder import SQLITE_FULL, full_disk
 
 DEFAULT_STORE = "mlflow.db"
 
@@ -64,6 +66,8 @@ EXPECTED_WEIGHTS = "PRL_BASE_WEIGHTS"  # a campaign's run's environment: the wei
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 # Tags of a campaign's parent run.
 KIND = "prl.kind"  # "campaign"
+# Tag of a campaign's experiment.
+LEASE = "prl.lease"  # the campaign running on the store now, and until when (``runners.tracking.lease``)
 
 
 def default_tracking_uri() -> str:
@@ -146,11 +150,32 @@ def store_to_write(uri: str, *, new_store: bool = False) -> str:
 
 
 def create_store(uri: str) -> bool:
-    """Create the SQLite file of ``uri`` (and its folder) if missing, private to its owner
-    (``runners.modes``: 0600, or PRL_GROUP's 0660; SQLite gives its journal files the same mode);
-    MLflow fills it with its tables on first use. True if it was created."""
+    """Create the SQLite store of ``uri`` (and its folder) if missing, private to its owner
+    (``runners.modes``: 0600, or PRL_GROUP's 0660; SQLite gives its journal files the same mode),
+    with MLflow's tables. True if it was created. A store that cannot be made whole (its disk fills,
+    an interrupt) is removed with what this call made for it (its folders, SQLite's journal), so no
+    half-made store is taken for one later; a full disk is one line (``StoreError``: ``disk full:``)."""
     path = sqlite_file(uri)
-    return path is not None and make_file(path)
+    if path is None or path.exists():
+        return False
+    made = [p for p in (path.parent, *path.parent.parents) if not p.exists()]  # the folders this call makes
+    make_file(path)
+    try:
+        MlflowClient(uri).search_experiments(max_results=1)  # MLflow makes its tables and default experiment
+    except BaseException as e:
+        for leftover in (path, *(path.with_name(f"{path.name}{x}") for x in ("-journal", "-wal", "-shm"))):
+            leftover.unlink(missing_ok=True)
+        for folder in made:  # innermost first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        why = full_disk(e, path.parent, (SQLITE_FULL,)) if isinstance(e, Exception) else None
+        if why is None:
+            raise
+        raise StoreError(
+            f"disk full: {why}; the half-made store {path} was removed: free space there, or put the store on "
+            "another disk (MLFLOW_TRACKING_URI), then run again"
+        ) from None
+    return True
 
 
 def damage(path: Path) -> str | None:
@@ -217,7 +242,12 @@ def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> s
         return exp.experiment_id
     if not create:
         return None
-    new = client.create_experiment(name, tags=EXPERIMENT_KIND)
+    try:
+        new = client.create_experiment(name, tags=EXPERIMENT_KIND)
+    except MlflowException as e:  # another client created it since: theirs is the one
+        if e.error_code != "RESOURCE_ALREADY_EXISTS" or (exp := client.get_experiment_by_name(name)) is None:
+            raise
+        return exp.experiment_id
     location = client.get_experiment(new).artifact_location
     if location.startswith(("/", "file:")):
         make_dir(Path(location.removeprefix("file://").removeprefix("file:")))
