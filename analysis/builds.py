@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from runners.contract import MEAN_AT_16
+from scalefit import FitError, fit_sigmoid
+from scalefit.settings import FitSettings
 
 BUILD = "build"  # curves.csv's column: the first 12 hex digits of the run's base weights' sha256 ("" unknown)
 LAST_K = 3
@@ -46,12 +48,29 @@ def mixed(curves: pd.DataFrame) -> str | None:
     )
 
 
-def by_build(curves: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
+def build_asymptotes(curves: pd.DataFrame, settings: FitSettings) -> pd.Series:
+    """Each (variant, build)'s fitted asymptote A: the sigmoid fitted to that build's seeds alone
+    (R0 their mean at the first evaluation), NaN where the fit fails."""
+    out = {}
+    build = curves[BUILD].fillna("").astype(str)
+    for (variant, b), g in curves.assign(**{BUILD: build}).groupby(["variant", BUILD], sort=False):
+        r0 = float(g.loc[g["step"] == g["step"].min(), MEAN_AT_16].mean())
+        try:
+            fit = fit_sigmoid(g[settings.x], g[MEAN_AT_16], r0=r0, a_grid=settings.a_values, runs=g["seed"])
+            out[(variant, b)] = float(fit.A)
+        except FitError:
+            out[(variant, b)] = np.nan
+    return pd.Series(out, dtype=float)
+
+
+def by_build(curves: pd.DataFrame, baseline: str = "baseline", settings: FitSettings | None = None) -> pd.DataFrame:
     """A row per variant: its builds, level (mean over builds of each build's seed mean), the
-    between-build sd of that level and the within-build (seed) sd; and, beside a baseline, the
-    difference from it (mean over builds of each build's own difference), its between-build sd
+    between-build sd of that level and the within-build (seed) sd; with ``settings``, the mean of its
+    builds' asymptotes A (each build fitted alone) and their between-build sd; and, beside a baseline,
+    the difference from it (mean over builds of each build's own difference), its between-build sd
     (heterogeneity) and its standard error across builds."""
     levels = run_levels(curves)
+    asymptotes = build_asymptotes(curves, settings) if settings is not None else None
     cell = levels.groupby(["variant", BUILD])["level"].agg(["mean", "count"]).reset_index()
     within = levels.groupby(["variant", BUILD])["level"].std(ddof=1)
     base = cell[cell["variant"] == baseline].set_index(BUILD)["mean"]
@@ -68,6 +87,9 @@ def by_build(curves: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
             if within.loc[variant].notna().any()
             else np.nan,
         }
+        if asymptotes is not None:
+            a = asymptotes.loc[variant].dropna()
+            row |= {"A": float(a.mean()) if len(a) else np.nan, "A_between_build_sd": float(a.std(ddof=1))}
         if variant != baseline and len(base):
             delta = (means - base).dropna()  # each build's difference from its own baseline
             row |= {
@@ -80,10 +102,11 @@ def by_build(curves: pd.DataFrame, baseline: str = "baseline") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def markdown(curves: pd.DataFrame, baseline: str = "baseline") -> str:
-    """``builds.md``: the builds and their runs, then each variant's level and difference by build."""
+def markdown(curves: pd.DataFrame, baseline: str = "baseline", settings: FitSettings | None = None) -> str:
+    """``builds.md``: the builds and their runs, then each variant's level (and, with ``settings``, A)
+    and difference by build."""
     levels = run_levels(curves)
-    table = by_build(curves, baseline)
+    table = by_build(curves, baseline, settings)
 
     def f(v: float, sign: bool = False) -> str:
         return "" if pd.isna(v) else (f"{v:+.3f}" if sign else f"{v:.3f}")
@@ -96,14 +119,17 @@ def markdown(curves: pd.DataFrame, baseline: str = "baseline") -> str:
         "Level: a run's last-3 mean of mean@16, averaged over a build's seeds, then over builds. Δ: each build's",
         "difference from its own baseline, averaged over builds; its sd across builds is the effect's build",
         "heterogeneity, and its se (sd / √builds) the uncertainty a claim about another build carries.",
+        "A: each build's seeds fitted alone (R0 their first evaluation's mean), the mean over builds and its sd.",
         "",
-        "| variant | builds | runs | level | sd between builds | sd within (seeds) | Δ | Δ sd between builds | Δ se |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| variant | builds | runs | level | sd between builds | sd within (seeds) | A | A sd between builds | Δ "
+        "| Δ sd between builds | Δ se |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.to_dict("records"):
         lines.append(
             f"| {r['variant']} | {r['builds']} | {r['runs']} | {f(r['level'])} | {f(r['between_build_sd'])} | "
-            f"{f(r['within_build_sd'])} | {f(r.get('delta', np.nan), True)} | "
+            f"{f(r['within_build_sd'])} | {f(r.get('A', np.nan))} | {f(r.get('A_between_build_sd', np.nan))} | "
+            f"{f(r.get('delta', np.nan), True)} | "
             f"{f(r.get('delta_between_build_sd', np.nan))} | {f(r.get('delta_se', np.nan))} |"
         )
     return "\n".join(lines) + "\n"

@@ -97,7 +97,7 @@ def write_fit(curves: pd.DataFrame, out: Path, settings: FitSettings, title: str
     plot_campaign(curves, extra, out / "loo_curves.png", settings, title)
     extrapolation_check(curves, settings, model=half).to_csv(out / "extrapolation.csv", index=False)
     if builds.mixed(curves) is not None:  # several base models: each variant by build, with their spread
-        (out / "builds.md").write_text(builds.markdown(curves))
+        (out / "builds.md").write_text(builds.markdown(curves, settings=settings))
     return table
 
 

@@ -199,7 +199,7 @@ def test_levels_and_differences_are_reported_by_build_with_their_spread():
     assert table.loc["arm", "delta_between_build_sd"] == pytest.approx(np.std([0.12, 0.14], ddof=1))
     assert "2 base-model builds" in builds.mixed(curves)
     assert builds.mixed(curves[curves["build"] == "b1"]) is None
-    assert "| arm | 2 | 4 | 0.780 | 0.057 | 0.014 | +0.130 | 0.014 | 0.010 |" in builds.markdown(curves)
+    assert "| arm | 2 | 4 | 0.780 | 0.057 | 0.014 |  |  | +0.130 | 0.014 | 0.010 |" in builds.markdown(curves)
     column = builds.column(curves).set_index("variant")["builds"]
     assert column["arm"] == "b1;b22"
     assert builds.line(column.reset_index()).startswith("base models: 2 builds (b1, b22)")
