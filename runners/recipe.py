@@ -22,7 +22,7 @@ import yaml
 
 from runners.losses import LOSSES
 from runners.task.rewards import NAMES as REWARD_NAMES
-from runners.task.sizes import SIZES
+from runners.task.sizes import SIZES, base_model_path
 from runners.task.tasks import ArithmeticTask
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
@@ -213,6 +213,12 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def base_model(self) -> Path | None:
+        """The cache folder of the embedded build this recipe starts from (``model.size`` and
+        ``model.build_seed`` for ``data.task``), or None for a ``model.path`` checkpoint."""
+        m = self.model
+        return None if m.size is None else base_model_path(m.size, self.data.task, None, m.build_seed)
 
     def flat(self) -> dict[str, Any]:
         """Dotted keys → values, e.g. {"algorithm.loss": "cispo", ...} (MLflow params)."""

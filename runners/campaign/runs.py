@@ -32,7 +32,7 @@ from runners.contract import STOP_FILE
 from runners.locks import hold
 from runners.modes import make_dir
 from runners.runfolder import has_history, recorded_store, remember_store, set_aside
-from runners.task.sizes import base_model_path, parameter_count
+from runners.task.sizes import parameter_count
 from runners.task.weights import base_weights
 from runners.tracking import basemodels, lease, store
 from runners.tracking.run import new_run
@@ -300,8 +300,7 @@ class _Tracked:
         (``basemodels.fetch``) rather than building weights of its own."""
         runs = list(self.existing.values())
         for spec in todo:
-            m = spec.recipe.model
-            path = m.size and base_model_path(m.size, spec.recipe.data.task, None, m.build_seed)
+            path = spec.recipe.base_model()
             if not path or path.name in self.bases:
                 continue
             had = basemodels.recorded(self.client, self.parent, runs, path.name)
@@ -351,13 +350,9 @@ class _Tracked:
         run_id = self.mlflow_run(spec).info.run_id
         make_dir(run_folder(self.root, spec))
         launch = command(spec, run_id, self.worker_uri, self.root)
-        m = spec.recipe.model
-        if m.size and (
-            sha := self.weights.get(base_model_path(m.size, spec.recipe.data.task, None, m.build_seed).name)
-        ):
-            launch.env[store.EXPECTED_WEIGHTS] = (
-                sha  # a node whose cache holds other weights refuses, one that lacks them fetches
-            )
+        base = spec.recipe.base_model()
+        if base is not None and (sha := self.weights.get(base.name)):  # a node whose cache holds other weights
+            launch.env[store.EXPECTED_WEIGHTS] = sha  # refuses, and one that lacks them fetches them
         remember_store(launch.run_dir, store.store_key(self.uri), run_id)  # its store, not the server in front
         return launch
 

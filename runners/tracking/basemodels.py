@@ -23,7 +23,6 @@ from mlflow.tracking import MlflowClient
 
 from runners.recipe import Recipe
 from runners.runfolder import RunFolderError
-from runners.task.sizes import base_model_path
 from runners.task.weights import base_weights, weights_sha256
 from runners.tracking import store
 
@@ -109,7 +108,7 @@ def ready(client: MlflowClient, run_id: str, recipe: Recipe, log=print) -> tuple
         return str(m.path), weights_sha256(m.path)
     from runners.task.basemodel import ensure_base_model  # noqa: PLC0415 - torch: the trainer's process
 
-    path = base_model_path(m.size, recipe.data.task, None, m.build_seed)
+    path = recipe.base_model()
     expected = os.environ.get(store.EXPECTED_WEIGHTS)
     if expected and not (path / "build_info.json").is_file():
         parent = client.get_run(run_id).data.tags.get("mlflow.parentRunId")

@@ -135,14 +135,10 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
     Packed runs that each found the cache empty would all build it at once (measured on an H200:
     416-550 s each for 4 concurrent builds against 118-146 s for one alone).
     """
-    from runners.task.sizes import base_model_path
-
     users: dict[Path, list[RunSpec]] = {}
     for spec in todo:
-        if spec.recipe.model.size is not None:
-            users.setdefault(
-                base_model_path(spec.recipe.model.size, spec.recipe.data.task, None, spec.recipe.model.build_seed), []
-            ).append(spec)
+        if (base := spec.recipe.base_model()) is not None:
+            users.setdefault(base, []).append(spec)
     for path, specs in users.items():
         if (path / "build_info.json").is_file():
             continue

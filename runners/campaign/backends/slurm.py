@@ -360,15 +360,10 @@ class _Driver:
     def build_base_models(self, todo: list[RunSpec], root: Path) -> None:
         """Each distinct embedded base model missing from the cache is built once, by a job, before
         the runs that share it are submitted (runs that each found it missing would all build it)."""
-        from runners.task.sizes import base_model_path
-
         users: dict[Path, RunSpec] = {}
         for spec in todo:
-            if spec.recipe.model.size is not None:
-                users.setdefault(
-                    base_model_path(spec.recipe.model.size, spec.recipe.data.task, None, spec.recipe.model.build_seed),
-                    spec,
-                )
+            if (base := spec.recipe.base_model()) is not None:
+                users.setdefault(base, spec)
         builds = []
         for path, spec in users.items():
             if (path / "build_info.json").is_file():
