@@ -46,7 +46,7 @@ def fit_table(
         table = _against_baseline(table, model, settings.margin)
     if half is None:  # never more resamples than the fit to all of it
         half = campaign_model(curves, settings, min(n_boot, HALF_RESAMPLES), fraction=0.5)
-    table = table.merge(calls(model, half, settings.margin, curves, x), on="variant", how="left")
+    table = table.merge(calls(model, half, settings.margin, curves, x, settings.last_k), on="variant", how="left")
     arms = set(model.fits)  # the seed noise of a measured comparison: arms with a fit only
     measured = measured_at_budget(curves, x, settings.margin, last_k=settings.last_k, arms=arms)
     if len(measured):
@@ -219,7 +219,9 @@ def _pooled_label(f: Any) -> str:
     return f"alone: {note}" if note else "alone"
 
 
-def calls(model: Model, half: Model, margin: float, curves: pd.DataFrame | None = None, x: str = "") -> pd.DataFrame:
+def calls(
+    model: Model, half: Model, margin: float, curves: pd.DataFrame | None = None, x: str = "", last_k: int = 3
+) -> pd.DataFrame:
     """Each variant against the baseline at the budget both reached (the smaller), from the fit to all
     of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet,
     each with its reading where the fits are sigmoids (``reading``, ``half_reading``: lower, higher,
@@ -227,14 +229,17 @@ def calls(model: Model, half: Model, margin: float, curves: pd.DataFrame | None 
     ``curves`` (compute column ``x``), a call the fits leave at "cannot tell yet" is "worse" where the
     data bound it so (``bounded_worse``)."""
     out = _fit_calls(model, half, margin)
-    return out if curves is None or out.empty else bounded_worse(out, curves, x, margin, set(model.fits))
+    return out if curves is None or out.empty else bounded_worse(out, curves, x, margin, set(model.fits), last_k)
 
 
-def bounded_worse(called: pd.DataFrame, curves: pd.DataFrame, x: str, margin: float, arms: set[str]) -> pd.DataFrame:
-    """``called`` with each "cannot tell yet" (at the budget, and at half of it) turned "worse" where the
-    variant's measured level lies below the baseline's by more than any rise the campaign has shown in
-    one doubling, up to where the call's data end, plus the margin (``scalefit.bounded``; the measured
-    interval of ``measured_at_budget``, flagged evaluations left out as in the fit)."""
+def bounded_worse(
+    called: pd.DataFrame, curves: pd.DataFrame, x: str, margin: float, arms: set[str], last_k: int = 3
+) -> pd.DataFrame:
+    """``called`` with each "cannot tell yet" turned "worse" where the data bound it (``scalefit.bounded``;
+    flagged evaluations left out, as in the fit). At the budget: the measured comparison of the seeds'
+    last-``last_k`` means lies below -margin (``measured_at_budget``). At half of it: the seeds' levels
+    there (interpolated) lie below the baseline's by more than any rise the campaign has shown in one
+    doubling up to half of each arm's compute, plus the margin, across the difference's interval."""
     steady = steady_points(bad_points(curves, x)[0])[0]
     groups = {
         v: [(gs[x].to_numpy(float), gs[MEAN_AT_16].to_numpy(float)) for _, gs in g.sort_values(x).groupby("seed")]
@@ -242,21 +247,19 @@ def bounded_worse(called: pd.DataFrame, curves: pd.DataFrame, x: str, margin: fl
     }
     ends = {v: float(g.groupby("seed")[x].max().min()) for v, g in steady.groupby("variant", sort=False)}
     out = called.copy()
-    for key, fraction in (("call", 1.0), ("half_call", 0.5)):
-        m = measured_at_budget(steady, x, margin, fraction=fraction, arms=arms)
+    for key, fraction, col in (("call", 1.0, f"measured_last{last_k}"), ("half_call", 0.5, "measured")):
+        m = measured_at_budget(steady, x, margin, fraction=fraction, last_k=last_k, arms=arms)
         if m.empty:
             continue
         m = m.set_index("variant")
-        rise = largest_rise(groups, {v: fraction * e for v, e in ends.items()})
+        rise = largest_rise(groups, {v: fraction * e for v, e in ends.items()}) if fraction < 1 else 0.0
         for i, r in out.iterrows():
             v = r["variant"]
             if r[key] != "cannot tell yet" or v not in m.index:
                 continue
-            b = Bound(
-                *(float(m.loc[v, f"measured{c}"]) for c in ("_delta", "_lo", "_hi")), rise, doublings(fraction, 1.0)
-            )
+            b = Bound(*(float(m.loc[v, f"{col}{c}"]) for c in ("_delta", "_lo", "_hi")), rise, doublings(fraction, 1.0))
             if b.worse(margin):
-                out.loc[i, [key, f"{key}_text"]] = ["worse", b.text(margin)]
+                out.loc[i, [key, f"{key}_text"]] = ["worse", b.text(margin, last_k if fraction == 1 else 1)]
                 out.loc[i, [f"{key}_delta", f"{key}_lo", f"{key}_hi"]] = [b.delta, b.lo, b.hi]
     return out
 

@@ -59,20 +59,22 @@ class Bound:
     def worse(self, margin: float) -> bool:
         return bool(np.isfinite(self.reach) and self.reach < -margin)
 
-    def text(self, margin: float) -> str:
-        """e.g. "worse (bounded from the data): Δ -0.221 [-0.245, -0.197] at half the budget; no arm
-        rose more than 0.153 in one doubling, so at most -0.044 by the budget, below -0.02"."""
+    def text(self, margin: float, last_k: int = 1) -> str:
+        """e.g. "worse (bounded from the data): Δ -0.221 [-0.239, -0.203] measured at half the budget;
+        no arm rose more than 0.153 in one doubling, so at most -0.050 by the budget, below -0.02";
+        ``last_k`` > 1: the difference is of the seeds' last-``last_k`` means."""
         where = {0: "at the budget", 1: "at half the budget"}.get(
             self.doublings, f"{self.doublings:.2g} doublings before it"
         )
+        what = f" (last {last_k})" if last_k > 1 else ""
         up = (
             f"; no arm rose more than {self.rise:.3f} in one doubling, so at most {self.reach:+.3f} by the budget"
             if self.doublings
             else ""
         )
         return (
-            f"worse (bounded from the data): Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}] measured {where}"
-            f"{up}, below -{margin:g}"
+            f"worse (bounded from the data): Δ{what} {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}] measured "
+            f"{where}{up}, below -{margin:g}"
         )
 
 
