@@ -93,7 +93,7 @@ fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → art
 bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; fit and forecast time and peak memory up to 200k points
 	$(BIN)/python -m tests.bench_fit
 
-bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
+bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv, baselines to beat, unstable flag → artifacts/bench-predict/
 	$(BIN)/python -m tests.bench_predict
 
 bench-sizes: $(STAMP) ## across-size fit: time for 10 sizes x 5 seeds (target < 5 s) and calibration on synthetic scale studies
