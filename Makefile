@@ -93,7 +93,7 @@ fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → art
 bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; fit and forecast time and peak memory up to 200k points
 	$(BIN)/python -m tests.bench_fit
 
-bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv → artifacts/bench-predict/
+bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv, baselines to beat, unstable flag → artifacts/bench-predict/
 	$(BIN)/python -m tests.bench_predict
 
 bench-build: $(STAMP) ## are two builds of one base-model key the same weights? deterministic vs default builds, hashes and time [RECIPE=scalerl] [SIZE=] [BUILDS=2]

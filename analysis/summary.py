@@ -98,6 +98,8 @@ def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
     cell = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if None not in (d, lo, hi) else (m_cell + " m" if m_cell else "")
     if _true(r.get("identical_to_baseline")):
         why = "axis did not act (same curve)"
+    elif call == "worse" and _text(r.get("call_text")).startswith("worse (bounded from the data)"):
+        why = ("no fit; " if _num(r.get("A")) is None else "") + "bounded by its data"
     elif call == "worse":
         why = f"its interval is below -{margin:g}"
     elif call == "better":

@@ -11,11 +11,12 @@ import numpy as np
 import pandas as pd
 
 from analysis import builds
-from analysis.curves import bad_points, steady_points, unfinished
+from analysis.curves import bad_points, steady_points, unfinished, unstable_points
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model, warn_wall_clock
 from analysis.planner import plan as seed_plan
 from runners.contract import MEAN_AT_16
 from scalefit import CurveFit, FitError, compare_fits, seed_spread
+from scalefit.bounded import Bound, doublings, largest_rise
 from scalefit.prediction import Forecast, against_margin, call_difference
 from scalefit.settings import FitSettings
 from scalefit.unstable import Flag, arm_counts
@@ -46,7 +47,7 @@ def fit_table(
         table = _against_baseline(table, model, settings.margin)
     if half is None:  # never more resamples than the fit to all of it
         half = campaign_model(curves, settings, min(n_boot, HALF_RESAMPLES), fraction=0.5)
-    table = table.merge(calls(model, half, settings.margin), on="variant", how="left")
+    table = table.merge(calls(model, half, settings.margin, curves, x, settings.last_k), on="variant", how="left")
     arms = set(model.fits)  # the seed noise of a measured comparison: arms with a fit only
     measured = measured_at_budget(curves, x, settings.margin, last_k=settings.last_k, arms=arms)
     if len(measured):
@@ -221,11 +222,53 @@ def _pooled_label(f: Any) -> str:
     return f"alone: {note}" if note else "alone"
 
 
-def calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
+def calls(
+    model: Model, half: Model, margin: float, curves: pd.DataFrame | None = None, x: str = "", last_k: int = 3
+) -> pd.DataFrame:
     """Each variant against the baseline at the budget both reached (the smaller), from the fit to all
     of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet,
     each with its reading where the fits are sigmoids (``reading``, ``half_reading``: lower, higher,
-    slower, faster, same, or what is not yet told; ``scalefit.slower_or_lower``)."""
+    slower, faster, same, or what is not yet told; ``scalefit.slower_or_lower``). Given the campaign's
+    ``curves`` (compute column ``x``), a call the fits leave at "cannot tell yet" is "worse" where the
+    data bound it so (``bounded_worse``)."""
+    out = _fit_calls(model, half, margin)
+    return out if curves is None or out.empty else bounded_worse(out, curves, x, margin, set(model.fits), last_k)
+
+
+def bounded_worse(
+    called: pd.DataFrame, curves: pd.DataFrame, x: str, margin: float, arms: set[str], last_k: int = 3
+) -> pd.DataFrame:
+    """``called`` with each "cannot tell yet" turned "worse" where the data bound it (``scalefit.bounded``;
+    flagged evaluations left out, as in the fit). At the budget: the measured comparison of the seeds'
+    last-``last_k`` means lies below -margin (``measured_at_budget``). At half of it: the seeds' levels
+    there (interpolated) lie below the baseline's by more than any rise the campaign has shown in one
+    doubling up to half of each arm's compute, plus the margin, across the difference's interval."""
+    steady = steady_points(bad_points(curves, x)[0])[0]
+    groups = {
+        v: [(gs[x].to_numpy(float), gs[MEAN_AT_16].to_numpy(float)) for _, gs in g.sort_values(x).groupby("seed")]
+        for v, g in steady.groupby("variant", sort=False)
+    }
+    ends = {v: float(g.groupby("seed")[x].max().min()) for v, g in steady.groupby("variant", sort=False)}
+    out = called.copy()
+    for key, fraction, col in (("call", 1.0, f"measured_last{last_k}"), ("half_call", 0.5, "measured")):
+        m = measured_at_budget(steady, x, margin, fraction=fraction, last_k=last_k, arms=arms)
+        if m.empty:
+            continue
+        m = m.set_index("variant")
+        rise = largest_rise(groups, {v: fraction * e for v, e in ends.items()}) if fraction < 1 else 0.0
+        for i, r in out.iterrows():
+            v = r["variant"]
+            if r[key] != "cannot tell yet" or v not in m.index:
+                continue
+            b = Bound(*(float(m.loc[v, f"{col}{c}"]) for c in ("_delta", "_lo", "_hi")), rise, doublings(fraction, 1.0))
+            if b.worse(margin):
+                out.loc[i, [key, f"{key}_text"]] = ["worse", b.text(margin, last_k if fraction == 1 else 1)]
+                out.loc[i, [f"{key}_delta", f"{key}_lo", f"{key}_hi"]] = [b.delta, b.lo, b.hi]
+    return out
+
+
+def _fit_calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
+    """``calls`` from the fits alone."""
     rows = []
     for v in model.budgets:
         if v == "baseline":
@@ -441,6 +484,7 @@ def extrapolation_check(
     """
     x, k = settings.x, settings.last_k
     curves = bad_points(curves, x)[0]
+    curves = curves.assign(flagged=unstable_points(curves)[0])  # out of the fit (steady_points): out of its target
     model = model or campaign_model(curves, settings, n_boot, fraction=frac)
     rows = []
     for variant, g in curves.groupby("variant", sort=False):
@@ -483,17 +527,21 @@ class _End:
 
 
 def _observed_end(g: pd.DataFrame, x: str, k: int) -> _End:
-    """The end of one variant's curves (``g``), as the extrapolation check compares it."""
-    by_seed = g.sort_values(x).groupby("seed")
-    last = by_seed.last()
-    tail = by_seed.tail(k)
+    """The end of one variant's curves (``g``), as the extrapolation check compares it: each seed's
+    last evaluation and last ``k``, less those flagged unstable (column ``flagged``; where every one
+    is, all of them)."""
+    g = g.sort_values(x)
+    last, tail = g.groupby("seed").tail(1), g.groupby("seed").tail(k)
+    if "flagged" in g and not tail["flagged"].all():
+        tail = tail[~tail["flagged"]]
+        last = last[~last["flagged"]] if not last["flagged"].all() else last
     return _End(
         x=float(last[x].mean()),
         observed=float(last[MEAN_AT_16].mean()),
         x_tail=tail[x].to_numpy(float),  # every seed's last k: their mean is the mean of the seeds' means
-        observed_k=float(tail[MEAN_AT_16].mean()),
+        observed_k=float(tail.groupby("seed")[MEAN_AT_16].mean().mean()),
         window=int(tail.groupby("seed").size().min()),  # fewer than k where a seed has fewer evaluations
-        seeds=len(last),
+        seeds=int(tail["seed"].nunique()),
     )
 
 

@@ -6,8 +6,8 @@ curve — evaluation noise, drift and seed offset together, their correlation ov
 whole. A campaign's series form one pool (the assumption a t test pooling the seeds' variance
 makes). Without several seeds anywhere, each run's residual series from its fitted curve stands in.
 The pool draws whole series for a bootstrap and fits how the variance grows along the run.
-An evaluation where one seed leaves its siblings by a robust margin (``scalefit.unstable``: a
-collapse) is left out of the pool (NaN in its series; its step's mean and deviations taken over
+An evaluation where one seed collapses below its siblings (``scalefit.unstable``: downward only,
+on persistence or size) is left out of the pool (NaN in its series; its step's mean and deviations taken over
 the other seeds), so one collapsed run cannot set the whole campaign's noise.
 """
 
@@ -114,12 +114,12 @@ def deviation_pool(fits: dict[str, SigmoidFit]) -> DeviationPool:
     else the runs' residuals."""
     pos, dev, dof = [], [], 0
     aligned = {v: _aligned(f) if len(np.unique(f.run_inputs)) > 1 else None for v, f in fits.items()}
-    floor = typical_scale([al[1] for al in aligned.values() if al is not None])
+    typical = typical_scale([al[1] for al in aligned.values() if al is not None])
     for v, f in fits.items():
         if aligned[v] is None:
             continue
         common, y = aligned[v]
-        y = np.where(flagged(y, floor), np.nan, y)  # a collapse: out of the noise (not out of this fit)
+        y = np.where(flagged(y, typical), np.nan, y)  # a collapse: out of the noise (not out of this fit)
         here = np.isfinite(y).sum(axis=0)  # seeds left at each step
         d = (y - np.nanmean(y, axis=0)) * np.sqrt(here / np.maximum(here - 1, 1))
         c_fit = float(f.compute.max())
