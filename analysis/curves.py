@@ -18,7 +18,7 @@ import pandas as pd
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.tracking import store
 from scalefit.settings import FitSettings
-from scalefit.unstable import MAD_SD, THRESHOLD, Flag, flag_runs
+from scalefit.unstable import MAD_SD, Flag, flag_runs
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
 
@@ -232,9 +232,12 @@ def unstable_points(curves: pd.DataFrame) -> tuple[np.ndarray, list[Flag]]:
     return np.array([(v, int(s), int(t)) in out for v, s, t in keys], dtype=bool), flags
 
 
+WITHIN_BUILD_Z = 5.0  # a flagged run also leaves its build-mates by this many of their typical distances
+
+
 def _left_their_build(curves: pd.DataFrame, flags: list[Flag]) -> list[Flag]:
     """Of runs on several base-model builds, the flagged evaluations where a run also leaves its
-    build-mates (its variant's other runs of its build) by ``THRESHOLD`` times their typical distance
+    build-mates (its variant's other runs of its build) by ``WITHIN_BUILD_Z`` times their typical distance
     from one another: a run that moves with them shows its build's level (builds differ ~10x more
     than seeds, results/builds-gpu), not an unstable run. A run alone on its build keeps its flags."""
     frame = curves.assign(build=curves["build"].fillna("").astype(str))
@@ -260,7 +263,7 @@ def _left_their_build(curves: pd.DataFrame, flags: list[Flag]) -> list[Flag]:
         keep = [
             i
             for i, (step, v) in enumerate(zip(f.steps, f.values, strict=True))
-            if not np.isfinite(med[steps.index(step)]) or abs(v - med[steps.index(step)]) > THRESHOLD * floor
+            if not np.isfinite(med[steps.index(step)]) or abs(v - med[steps.index(step)]) > WITHIN_BUILD_Z * floor
         ]
         if keep:
             mine = (frame["variant"] == f.variant) & (frame["seed"] == f.seed) & frame[MEAN_AT_16].notna()
