@@ -77,6 +77,12 @@ class RayBackend(Backend):
     def start(self, todo: list[RunSpec], root: Path) -> None:
         import ray
 
+        from runners.campaign.backends.local import build_base_models
+
+        # each base model built once, here: the campaign records and logs it, and a node whose cache lacks
+        # it takes it from the store (``runners.tracking.basemodels``) rather than building weights of its own
+        build_base_models(todo, root, None, self.log)
+
         if not ray.is_initialized():
             ray.init(address=self.settings.ray_address, include_dashboard=False, log_to_driver=False)
         res = ray.cluster_resources()
