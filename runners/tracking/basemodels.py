@@ -87,10 +87,17 @@ def fetch(client: MlflowClient, parent_id: str, name: str, dest: Path, sha: str)
 
 def publish(client: MlflowClient, parent_id: str, path: Path) -> None:
     """Log build ``path`` as an artifact of the campaign's parent run, once (other machines and
-    nodes ``fetch`` it)."""
+    nodes ``fetch`` it). Its ``build_info.json`` goes last: a copy that has one is whole, and an upload
+    a kill cut short is made again by the next run of the campaign."""
     artifact = f"{store.BASE_MODELS_DIR}/{path.name}"
-    if not any(a.path.endswith("build_info.json") for a in client.list_artifacts(parent_id, artifact)):
-        client.log_artifacts(parent_id, str(path), artifact)
+    if any(a.path.endswith("build_info.json") for a in client.list_artifacts(parent_id, artifact)):
+        return
+    for f in sorted(path.iterdir()):
+        if f.is_dir():
+            client.log_artifacts(parent_id, str(f), f"{artifact}/{f.name}")
+        elif f.name != "build_info.json":
+            client.log_artifact(parent_id, str(f), artifact)
+    client.log_artifact(parent_id, str(path / "build_info.json"), artifact)
 
 
 def tag_run(client: MlflowClient, run_id: str, name: str, sha: str) -> None:
