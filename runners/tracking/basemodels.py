@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from mlflow.entities import Run
@@ -92,12 +93,15 @@ def publish(client: MlflowClient, parent_id: str, path: Path) -> None:
     artifact = f"{store.BASE_MODELS_DIR}/{path.name}"
     if any(a.path.endswith("build_info.json") for a in client.list_artifacts(parent_id, artifact)):
         return
-    for f in sorted(path.iterdir()):
-        if f.is_dir():
-            client.log_artifacts(parent_id, str(f), f"{artifact}/{f.name}")
-        elif f.name != "build_info.json":
-            client.log_artifact(parent_id, str(f), artifact)
-    client.log_artifact(parent_id, str(path / "build_info.json"), artifact)
+    with tempfile.TemporaryDirectory(prefix="base-model-") as tmp:  # a copy in this process's modes: a
+        copy = Path(tmp) / path.name  # local artifact store copies a file's mode, and the cache's may be 0644
+        shutil.copytree(path, copy, copy_function=shutil.copyfile)
+        for f in sorted(copy.iterdir()):
+            if f.is_dir():
+                client.log_artifacts(parent_id, str(f), f"{artifact}/{f.name}")
+            elif f.name != "build_info.json":
+                client.log_artifact(parent_id, str(f), artifact)
+        client.log_artifact(parent_id, str(copy / "build_info.json"), artifact)
 
 
 def tag_run(client: MlflowClient, run_id: str, name: str, sha: str) -> None:
