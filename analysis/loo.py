@@ -64,7 +64,8 @@ def write_missing_reports(curves: pd.DataFrame, client: MlflowClient, out: Path,
         except Exception as e:  # noqa: BLE001 - one run's plots must not stop the campaign's table
             log(f"warning: no report for run {run_id} ({type(e).__name__}: {e})")
     if written:
-        log(f"run reports: {written} written under {out}/ and logged to their runs")
+        log(f"run reports: {written} written into the fit's reports/ and logged to their runs")  # not ``out``:
+        # the fit is written into a folder of its own first (``analysis.outputs``), renamed into place after
     return written
 
 
