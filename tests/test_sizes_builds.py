@@ -160,3 +160,32 @@ def same(new, old) -> bool:
     if isinstance(old, float) and isinstance(new, float):
         return new == pytest.approx(old, rel=1e-6, abs=1e-8)
     return new == old
+
+
+def test_analysis_fit_of_a_scale_campaign_with_builds_fits_each_size_build_by_build(tmp_path):
+    """A scale campaign of ``builds: 3`` (seed S of build B runs as B * 1000 + S, its ``build`` column the
+    weights): ``analysis.sizes.write_sizes`` fits each size build by build and sizes.md/json say so."""
+    from analysis.sizes import write_sizes
+    from runners.task.sizes import parameter_count
+
+    names = ["nano", "micro", "mini", "medium", "large"]
+    df = runs(sizes={n: parameter_count(n) for n in names})
+    variant = "size=" + df["size"]
+    curves = pd.DataFrame(
+        {
+            "run": variant + "/seed" + df["seed"].astype(str),
+            "variant": variant,
+            "axis": "size",
+            "seed": df["seed"],
+            "step": (df["compute"] / 512).round().astype(int),
+            "val/mean_at_16": df["value"],
+            "compute/samples": df["compute"],
+            "build": df["size"] + df["build"],  # a hash per size and build, as load_curves gives it
+        }
+    )
+    said = "\n".join(write_sizes(curves, tmp_path, "compute/samples"))
+    md = (tmp_path / "sizes.md").read_text()
+    assert "builds per size: nano 3, micro 3, mini 3, medium 3; large 3 builds" in md and "builds 3" in said
+    record = json.loads((tmp_path / "sizes.json").read_text())
+    assert record["builds"]["in_band"] and record["fitted_sizes"]["micro"]["builds"] == 3
+    assert len(record["size_trend"]["pairs"]) == 4  # large's own fit (its three builds) joins the trend
