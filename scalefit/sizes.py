@@ -14,6 +14,10 @@ calibrated by held-out error, not by the fit's residuals alone), and the evaluat
 size's mean curve. It gives the whole curve with its band, A with its interval, the compute at which
 the curve passes the largest fitted size's ceiling, and whether it is predictable, with reasons in
 numbers. ``backtest_sizes`` forecasts each size from the others the same way and states coverage.
+
+Where a size's runs started from several base-model builds, it is fitted build by build and its
+parameters are the means over builds with the between-build spread; the forecast carries one build's
+spread of A, and the size trend is stated with it (``scalefit.size_builds``, issue 62).
 """
 
 from __future__ import annotations
