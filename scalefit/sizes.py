@@ -862,6 +862,8 @@ def _finite(c: float) -> float | None:
 
 def cmd_sizes(args) -> int:
     """``python -m scalefit sizes CURVES.csv``: fit every size but the held-out one, forecast it, backtest."""
+    if args.builds is not None and args.builds < 1:
+        raise FitError(f"--builds {args.builds}: give how many base-model builds its mean will average (1 or more)")
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     say = functools.partial(print, file=sys.stderr if args.json == "-" else sys.stdout)

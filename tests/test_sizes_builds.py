@@ -107,6 +107,9 @@ def test_the_outputs_say_how_many_builds_each_size_holds(tmp_path, capsys):
     record = json.loads((tmp_path / "f.json").read_text())
     assert record["builds"]["per_size"] == {"a": 3, "b": 3, "c": 3, "d": 3} and record["builds"]["in_band"]
     assert all(f["builds"] == 3 for f in record["fitted_sizes"].values())
+    assert main(["sizes", str(tmp_path / "c.csv"), "--builds", "0"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("error: --builds 0: give how many base-model builds") and out == ""
     df.drop(columns="build").to_csv(tmp_path / "one.csv", index=False)  # every run of a size one build
     assert main(["sizes", str(tmp_path / "one.csv")]) == 0
     out = capsys.readouterr().out
