@@ -2,7 +2,8 @@
 ``sizes.csv`` that ``python -m scalefit sizes`` reads), the forecast of its largest size (or
 ``holdout``) from the others with the leave-one-size-out backtest (``sizes.md``), as data
 (``sizes.json``) and the plot (``sizes.png``), written beside the per-size table that
-``python -m analysis fit`` writes."""
+``python -m analysis fit`` writes. Where a size's runs started from several base-model builds (the
+``build`` column; a campaign's ``builds: N``), it is fitted build by build (``scalefit.size_builds``)."""
 
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def write_sizes(
     out.mkdir(parents=True, exist_ok=True)
     table = scale_curves(curves)
     table.to_csv(out / "sizes.csv", index=False)
-    data = size_data(
-        {k: (g["parameters"].iloc[0], g[x], g[y], g["seed"]) for k, g in table.dropna(subset=[x, y]).groupby("size")}
+    data = size_data(  # each run's base-model build, where recorded: a size of several is fitted build by build
+        {
+            k: (g["parameters"].iloc[0], g[x], g[y], g["seed"], g.get("build"))
+            for k, g in table.dropna(subset=[x, y]).groupby("size")
+        }
     )
     target = holdout or list(data)[-1]
     lines = [f"across sizes: {len(data)} size(s) in {out / 'sizes.csv'}"]

@@ -14,6 +14,10 @@ calibrated by held-out error, not by the fit's residuals alone), and the evaluat
 size's mean curve. It gives the whole curve with its band, A with its interval, the compute at which
 the curve passes the largest fitted size's ceiling, and whether it is predictable, with reasons in
 numbers. ``backtest_sizes`` forecasts each size from the others the same way and states coverage.
+
+Where a size's runs started from several base-model builds, it is fitted build by build and its
+parameters are the means over builds with the between-build spread; the forecast carries one build's
+spread of A, and the size trend is stated with it (``scalefit.size_builds``, issue 62).
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ from scalefit.errors import FitError
 from scalefit.fit import fit_sigmoid
 from scalefit.grids import parse_grid
 from scalefit.outputs import check_writable, write_json
+from scalefit.size_builds import (
+    build_sd_of_a,
+    builds_lines,
+    combine_builds,
+    size_trend,
+    trend_lines,
+)
 
 A_GRID = "0.05:1.0:0.01"
 ALPHAS = np.geomspace(0.05, 3.0, 40)  # the saturating power law's exponents searched
@@ -55,12 +66,14 @@ MAX_REACH = 4.0  # a forecast this many times past the largest fitted N is an ex
 
 @dataclass
 class SizeData:
-    """One size's runs: its parameter count and every evaluation (compute, value, seed)."""
+    """One size's runs: its parameter count and every evaluation (compute, value, seed, and the base-model
+    build its run started from, where recorded)."""
 
     params: float
     compute: np.ndarray
     value: np.ndarray
     seed: np.ndarray
+    build: np.ndarray | None = None
 
     def mean_curve(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The seeds' mean at each compute with how many seeds it averages (evaluations at one compute)."""
@@ -69,7 +82,24 @@ class SizeData:
 
     @property
     def n_seeds(self) -> int:
-        return len(np.unique(self.seed))
+        """Its runs: distinct seeds, of each build where there are several."""
+        if self.n_builds < 2:
+            return len(np.unique(self.seed))
+        return len({(str(b), str(s)) for b, s in zip(self.build, self.seed, strict=True)})
+
+    @property
+    def n_builds(self) -> int:
+        return 1 if self.build is None else len(np.unique(self.build))
+
+    def by_build(self) -> dict[str, SizeData]:
+        """Each build's runs alone, in the order of their labels."""
+        if self.build is None:
+            return {"": self}
+        out = {}
+        for b in np.unique(self.build):
+            m = self.build == b
+            out[str(b)] = SizeData(self.params, self.compute[m], self.value[m], self.seed[m])
+        return out
 
     def r0(self) -> float | None:
         """The base model's value (evaluations at compute 0), or None when it has none."""
@@ -90,6 +120,9 @@ class SizeFit:
     curvature_sd: dict[str, float] = field(default_factory=dict)  # from the fit's curvature, evaluations independent
     b_slope: dict[str, float] = field(default_factory=dict)  # fitted with one B: how A and log C_mid move with it
     b_sd: float = 0.0  # and that B's spread (every size's draws move with one draw of it)
+    build: str = ""  # the build this fit is of ("" the size's, all builds)
+    n_builds: int = 1
+    build_fits: list[SizeFit] = field(default_factory=list)  # each build's own fit, where there are several
 
 
 @dataclass
@@ -131,32 +164,47 @@ class SizeForecast:
     reasons: list[str]
     draws: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
     actual: dict[str, Any] | None = None  # the size's own runs against the forecast, when they exist
+    n_builds: int = 1  # builds its measured mean will average
+    build_sd: float = 0.0  # one build's sd of A: pooled from the fitted sizes' builds, else the measured one
+    build_source: str = ""
+    build_applied: bool = False  # the band and A's interval carry it (a study with several builds a size)
+    A_interval_builds: tuple[float, float] = (0.0, 0.0)  # A's interval with it (= A_interval where applied)
+    trend: dict[str, Any] = field(default_factory=dict)  # neighbouring sizes' A with build noise (size_trend)
 
-    def band_at(self, compute: np.ndarray, n_seeds: np.ndarray | float) -> tuple[np.ndarray, np.ndarray]:
-        """The ``level`` band of a mean of ``n_seeds`` evaluations at ``compute``."""
-        draws = self.curve_draws(compute)
+    def band_at(
+        self, compute: np.ndarray, n_seeds: np.ndarray | float, n_builds: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The ``level`` band of a mean of ``n_seeds`` evaluations at ``compute`` (of ``n_builds`` builds:
+        default the forecast's own)."""
+        draws = self.curve_draws(compute, n_builds)
         noise = self.draws["noise_sd"][:, None] / np.sqrt(np.asarray(n_seeds, float))
         rng = np.random.default_rng(1)
         draws = draws + noise * rng.standard_normal((len(draws), 1))  # pointwise quantiles: one draw a row will do
         q = (1 - self.level) / 2
         return np.quantile(draws, q, axis=0), np.quantile(draws, 1 - q, axis=0)
 
-    def curve_draws(self, compute) -> np.ndarray:
+    def curve_draws(self, compute, n_builds: int | None = None) -> np.ndarray:
         d = self.draws
         c = np.asarray(compute, float)[None, :]
-        return sigmoid(c, d["A"][:, None], np.exp(d["logB"])[:, None], np.exp(d["logC"])[:, None], d["R0"][:, None])
+        a = d["A"]
+        if n_builds is not None and self.build_applied:
+            a = np.clip(d["A_law"] + self.build_sd * d["z_build"] / np.sqrt(n_builds), d["R0"] + 1e-3, 1.0)
+        return sigmoid(c, a[:, None], np.exp(d["logB"])[:, None], np.exp(d["logC"])[:, None], d["R0"][:, None])
 
 
-def size_data(curves: Mapping[str, tuple[float, Any, Any, Any]]) -> dict[str, SizeData]:
-    """{size: (parameters, compute, value, seed)} as ``SizeData``, checked: one line naming the fix."""
+def size_data(curves: Mapping[str, tuple]) -> dict[str, SizeData]:
+    """{size: (parameters, compute, value, seed[, build])} as ``SizeData``, checked: one line naming the fix.
+    A build of None (or one label) is one build."""
     if not curves:
         raise FitError("no sizes: the curves need a size and a parameters column, one size per model")
     out = {}
-    for name, (n, c, v, s) in curves.items():
+    for name, (n, c, v, s, *b) in curves.items():
         if not np.isfinite(n) or n <= 0:
             raise FitError(f"size {name!r}: parameters = {n!r}; give each size its parameter count (> 0)")
         c, v = np.asarray(c, float), np.asarray(v, float)
-        out[name] = SizeData(float(n), c, v, np.asarray(s if s is not None else np.zeros(len(c))))
+        build = None if not b or b[0] is None else pd.Series(b[0]).fillna("").astype(str).to_numpy()
+        build = build if build is not None and len(np.unique(build)) > 1 else None
+        out[name] = SizeData(float(n), c, v, np.asarray(s if s is not None else np.zeros(len(c))), build)
     by_n: dict[float, str] = {}
     for name, d in out.items():
         if d.params in by_n:
@@ -170,7 +218,17 @@ def size_data(curves: Mapping[str, tuple[float, Any, Any, Any]]) -> dict[str, Si
 
 def fit_size(name: str, d: SizeData, *, a_grid=A_GRID, seed: int = 0) -> SizeFit:
     """One size's sigmoid on its seeds pooled, as ``fit_sigmoid`` fits it (the paper's grid, then the
-    polish), with each parameter's spread from leaving out one seed at a time (``refit``)."""
+    polish), with each parameter's spread from leaving out one seed at a time (``refit``). A size of several
+    builds: each build fitted so on its own seeds, the size's parameters their means with the between-build
+    spread (``size_builds.combine_builds``)."""
+    if d.n_builds >= 2:
+        fits = []
+        for b, sub in d.by_build().items():
+            try:
+                fits.append(dataclasses.replace(fit_size(name, sub, a_grid=a_grid, seed=seed), build=b))
+            except FitError as e:
+                raise FitError(f"{e} (build {b!r}; fit each build on enough evaluations, or leave it out)") from None
+        return combine_builds(fits)
     grid = parse_grid(a_grid, name="--a-grid", kind="step") if isinstance(a_grid, str) else a_grid
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -200,7 +258,12 @@ def _least_squares(c: np.ndarray, v: np.ndarray, r0: float, start: np.ndarray, l
 def refit(f: SizeFit, d: SizeData, log_b: float | None = None) -> SizeFit:
     """``f`` refitted by least squares from its optimum (B held at ``log_b`` when given: the sizes fitted
     jointly with one B), each parameter's spread from leaving out one seed at a time (jackknife), or with
-    one seed from the fit's curvature; at least what the seeds resolve of one evaluation's scatter."""
+    one seed from the fit's curvature; at least what the seeds resolve of one evaluation's scatter. A size of
+    several builds: each build refitted so, combined again (``size_builds.combine_builds``)."""
+    if f.build_fits:
+        subs = d.by_build()
+        return combine_builds([dataclasses.replace(refit(b, subs[b.build], log_b), build=b.build)
+                               for b in f.build_fits])  # fmt: skip
     r0, use = f.theta["R0"], d.compute > 0
     start = np.array([f.theta["A"], f.theta["logC"], f.theta["logB"]])
     best = _least_squares(d.compute[use], d.value[use], r0, start, log_b)
@@ -388,6 +451,7 @@ def forecast_size(
     params: float | None = None,
     r0: float | None = None,
     n_seeds: int | None = None,
+    n_builds: int | None = None,
     level: float = 0.9,
     tolerance: float = 0.03,
     n_draws: int = 400,
@@ -398,7 +462,9 @@ def forecast_size(
     """Forecast size ``target``'s curve from every other size in ``data`` (its own runs, if there, are
     compared with the forecast, never fitted). ``params``: its parameter count when it has no runs;
     ``r0``: its base model's value (else its compute-0 evaluations, else the sizes' R0 law);
-    ``n_seeds``: how many seeds its measured mean will average (else its own, else the others' median)."""
+    ``n_seeds``: how many seeds its measured mean will average (else its own, else the others' median);
+    ``n_builds``: how many builds (else its own, else the others' median). Where any size holds several
+    builds, A's draws carry one build's spread of A over ``n_builds`` (``size_builds.build_sd_of_a``)."""
     params, fitted = _forecast_inputs(data, target, params)
     fits_given = fits
     free = [fits[k] if fits and k in fits else fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in fitted.items()]
@@ -409,6 +475,14 @@ def forecast_size(
     choice = choices[0]
     draws, misfit = _law_draws(fits, choice, params, r0, n_draws, seed)
     k = n_seeds or (own.n_seeds if own is not None else int(np.median([f.n_seeds for f in fits])))
+    nb = n_builds or (own.n_builds if own is not None else int(np.median([f.n_builds for f in fits])))
+    build_sd, build_source, _ = build_sd_of_a(fits)
+    applied = any(f.n_builds >= 2 for f in fits) or (own is not None and own.n_builds >= 2) or nb >= 2
+    draws["A_law"] = draws["A"]
+    draws["z_build"] = np.random.default_rng([seed, 62]).standard_normal(n_draws)  # its own stream: the rest stays
+    with_builds = np.clip(draws["A_law"] + build_sd * draws["z_build"] / np.sqrt(nb), draws["R0"] + 1e-3, 1.0)
+    if applied:
+        draws["A"] = with_builds
     c_max = max(float(d.compute.max()) for d in data.values())
     grid = np.unique(np.concatenate([np.linspace(0, c_max, 101), own.mean_curve()[0] if own is not None else []]))
     none = np.array([])
@@ -416,16 +490,20 @@ def forecast_size(
         name=target, params=float(params), level=level, choice=choice, choices=choices, compute=grid, curve=none,
         lo=none, hi=none, A=0.0, A_interval=(0.0, 0.0), pass_level=0.0, pass_compute=0.0, pass_interval=(0.0, 0.0),
         pass_share=0.0, misfit_sd=misfit, fits=fits, joint_b=joint, predictable=False, reasons=[], draws=draws,
+        n_builds=nb, build_sd=build_sd, build_source=build_source, build_applied=applied,
     )  # fmt: skip
     fc.curve = np.median(fc.curve_draws(grid), axis=0)
     fc.lo, fc.hi = fc.band_at(grid, k)
     q = (1 - level) / 2
     fc.A = float(np.median(draws["A"]))
     fc.A_interval = (float(np.quantile(draws["A"], q)), float(np.quantile(draws["A"], 1 - q)))
+    fc.A_interval_builds = (float(np.quantile(with_builds, q)), float(np.quantile(with_builds, 1 - q)))
     _passing(fc, fits[-1], q)
     fc.predictable, fc.reasons = _verdict(fc, fits, tolerance)
+    own_fit = None
     if own is not None and (own.compute > 0).any():  # its runs so far (rows at compute 0 alone give its R0)
-        fc.actual = _against_actual(fc, own, a_grid, seed, (fits_given or {}).get(target))
+        fc.actual, own_fit = _against_actual(fc, own, a_grid, seed, (fits_given or {}).get(target))
+    fc.trend = size_trend(fits + ([own_fit] if own_fit else []), build_sd, build_source, level)
     return fc
 
 
@@ -530,9 +608,10 @@ def _ceiling_stalled(fits: list[SizeFit], forecast_a: float) -> str | None:
 
 def _against_actual(
     fc: SizeForecast, own: SizeData, a_grid, seed: int, own_fit: SizeFit | None = None
-) -> dict[str, Any]:
-    """The size's own runs against its forecast: its own A (fitted on its runs), the error, whether the
-    interval holds it, and the share of its mean curve's evaluations inside the band."""
+) -> tuple[dict[str, Any], SizeFit | None]:
+    """The size's own runs against its forecast: its own A (fitted on its runs; with several builds, their
+    mean), the error, whether the interval holds it, the share of its mean curve's evaluations inside the
+    band and, with several builds, of each build's mean curve inside the band of one build; and its fit."""
     c, v, k = own.mean_curve()
     lo, hi = fc.band_at(c, k)
     rl = c > 0
@@ -542,14 +621,22 @@ def _against_actual(
         "band_coverage": float(inside[rl].mean()) if rl.any() else float("nan"),
         "rmse": float(np.sqrt(np.mean((np.interp(c[rl], fc.compute, fc.curve) - v[rl]) ** 2))) if rl.any() else None,
     }
+    if own.n_builds >= 2:
+        by_build = {}
+        for b, sub in own.by_build().items():
+            cb, vb, kb = sub.mean_curve()
+            lo_b, hi_b = fc.band_at(cb, kb, n_builds=1)
+            if (cb > 0).any():
+                by_build[b] = float(((vb >= lo_b) & (vb <= hi_b))[cb > 0].mean())
+        out.update(band_coverage_by_build=by_build, band_coverage_builds_mean=float(np.mean(list(by_build.values()))))
     try:
         own_fit = own_fit or fit_size(fc.name, own, a_grid=a_grid, seed=seed)
     except FitError as e:
         out.update(A=None, A_error=None, A_inside=None, note=str(e))
-        return out
+        return out, None
     a = own_fit.theta["A"]
     out.update(A=a, A_error=fc.A - a, A_inside=bool(fc.A_interval[0] <= a <= fc.A_interval[1]))
-    return out
+    return out, own_fit
 
 
 @dataclass
@@ -623,13 +710,19 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
     lo, hi = fc.A_interval
     p_lo, p_hi = fc.pass_interval
     how = "jointly, one B for every size" if fc.joint_b else "one by one"
-    out = [f"per size (the sigmoid on its seeds pooled, fitted {how}; ± from leaving out a seed):"]
+    if any(f.n_builds >= 2 for f in fc.fits):
+        out = [f"per size (each build's sigmoid on its own seeds, fitted {how}; the size's parameters the mean over"
+               " its builds, ± the between-build standard error):"]  # fmt: skip
+    else:
+        out = [f"per size (the sigmoid on its seeds pooled, fitted {how}; ± from leaving out a seed):"]
     out += [
         f"  {f.name:<10} N {f.params / 1e6:8.3f}M  A {f.theta['A']:.3f} ±{f.sd['A']:.3f}  "
         f"C_mid {np.exp(f.theta['logC']):.3g}  B {np.exp(f.theta['logB']):.2f}  R0 {f.theta['R0']:.3f}"
-        f"  seeds {f.n_seeds}"
+        f"  seeds {f.n_seeds}" + (f"  builds {f.n_builds}" if f.n_builds >= 2 else "")
         for f in fc.fits
     ]
+    out += builds_lines(fc.fits, fc.name, fc.n_builds, fc.build_sd, fc.build_source, fc.build_applied,
+                        fc.A_interval_builds, fc.level)  # fmt: skip
     out.append("forms across sizes (chosen by held-out error; fit quality beside it):")
     for c in fc.choices[:6]:
         mark = "*" if c is fc.choice else " "
@@ -656,6 +749,11 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
             else f"its own fit failed ({a.get('note', '')})"
         )
         out.append(f"  actual: {own}; band holds {a['band_coverage']:.0%} of its {a['points']} evaluations")
+        if "band_coverage_by_build" in a:
+            each = ", ".join(f"{b} {v:.0%}" for b, v in a["band_coverage_by_build"].items())
+            out.append(f"  by build (each against one build's band): {each}; mean {a['band_coverage_builds_mean']:.0%}")
+    if fc.trend:
+        out += trend_lines(fc.trend)
     return out
 
 
@@ -672,7 +770,7 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
     by_name = {f.name: f for f in fc.fits}
     for color, (name, d) in zip(colors, data.items(), strict=True):
         c, v, _ = d.mean_curve()
-        label = f"{name} ({d.params / 1e6:.2g}M)"
+        label = f"{name} ({d.params / 1e6:.2g}M, {d.n_builds} build{'s' if d.n_builds > 1 else ''})"
         if name == fc.name:
             ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual", zorder=5)
             continue
@@ -700,10 +798,11 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
 
 
 def read_sizes(
-    path: str, x: str, y: str, size_col: str = "size", params_col: str = "parameters"
+    path: str, x: str, y: str, size_col: str = "size", params_col: str = "parameters", build_col: str = "build"
 ) -> dict[str, SizeData]:
     """A curves CSV with a size and a parameters column (as ``python -m analysis fit`` writes a scale
-    campaign's), its seeds in ``seed``: every row checked as ``scalefit fit`` checks them."""
+    campaign's), its seeds in ``seed`` and, where there, each run's base-model build in ``build_col``:
+    every row checked as ``scalefit fit`` checks them."""
     from scalefit.cli import read_curves  # noqa: PLC0415 - the CSV checks every command shares
 
     df = pd.read_csv(path) if Path(path).is_file() else None
@@ -717,7 +816,12 @@ def read_sizes(
     varies = n[n["min"] != n["max"]]
     if len(varies):
         raise FitError(f"{path}: size {varies.index[0]!r} has more than one parameter count; one per size")
-    return size_data({k: (float(n.loc[k, "min"]), c, v, s) for k, (c, v, s) in curves.items()})
+    builds = (
+        {str(k): g[build_col].fillna("").astype(str).to_numpy() for k, g in df.groupby(size_col, sort=False)}
+        if build_col in df.columns
+        else {}
+    )
+    return size_data({k: (float(n.loc[k, "min"]), c, v, s, builds.get(k)) for k, (c, v, s) in curves.items()})
 
 
 def forecast_record(fc: SizeForecast) -> dict[str, Any]:
@@ -733,9 +837,18 @@ def forecast_record(fc: SizeForecast) -> dict[str, Any]:
                    "interval": [_finite(c) for c in fc.pass_interval], "share_of_draws": fc.pass_share},  # fmt: skip
         "predictable": fc.predictable,
         "reasons": fc.reasons,
+        "builds": {
+            "target": fc.n_builds,
+            "per_size": {f.name: f.n_builds for f in fc.fits},
+            "sigma_build_A": fc.build_sd,
+            "source": fc.build_source,
+            "in_band": fc.build_applied,
+            "A_interval_with_builds": list(fc.A_interval_builds),
+        },
+        "size_trend": fc.trend,
         "forms": fc.choice.forms,
         "held_out_rmse": fc.choice.loso_rmse,
-        "fitted_sizes": {f.name: {"parameters": f.params, **f.theta} for f in fc.fits},
+        "fitted_sizes": {f.name: {"builds": f.n_builds, "parameters": f.params, **f.theta} for f in fc.fits},
         "curve": {"compute": fc.compute.tolist(), "median": fc.curve.tolist(), "lo": fc.lo.tolist(),
                   "hi": fc.hi.tolist()},  # fmt: skip
         "actual": fc.actual,
@@ -749,10 +862,12 @@ def _finite(c: float) -> float | None:
 
 def cmd_sizes(args) -> int:
     """``python -m scalefit sizes CURVES.csv``: fit every size but the held-out one, forecast it, backtest."""
+    if args.builds is not None and args.builds < 1:
+        raise FitError(f"--builds {args.builds}: give how many base-model builds its mean will average (1 or more)")
     check_writable(args.json, "--json")
     check_writable(args.plot, "--plot")
     say = functools.partial(print, file=sys.stderr if args.json == "-" else sys.stdout)
-    data = read_sizes(args.csv, args.x, args.y, args.size_col, args.params_col)
+    data = read_sizes(args.csv, args.x, args.y, args.size_col, args.params_col, args.build_col)
     target = args.holdout or list(data)[-1]
     if target not in data and args.params is None:
         raise FitError(f"--holdout {target!r} is not a size of {args.csv} ({', '.join(data)}); give --params N to "
@@ -760,7 +875,9 @@ def cmd_sizes(args) -> int:
     kw = {"level": args.level, "tolerance": args.tolerance, "a_grid": args.a_grid}
     t0 = time.perf_counter()
     fits = {k: fit_size(k, d, a_grid=args.a_grid) for k, d in data.items() if k != target}
-    fc = forecast_size(data, target, params=args.params, r0=args.r0, n_seeds=args.seeds, fits=fits, **kw)
+    fc = forecast_size(
+        data, target, params=args.params, r0=args.r0, n_seeds=args.seeds, n_builds=args.builds, fits=fits, **kw
+    )
     seconds = time.perf_counter() - t0
     say("\n".join(forecast_lines(fc)))
     say(f"(across-size fits and forecast: {seconds:.2f} s)")
@@ -795,6 +912,9 @@ def add_parser(sub) -> None:
     p.add_argument("--r0", type=float, help="the held-out size's base-model value (default: its compute-0 rows, "
                    "else the sizes' R0 law)")  # fmt: skip
     p.add_argument("--seeds", type=int, help="seeds its measured mean will average (default: its own, else the median)")
+    p.add_argument("--builds", type=int, help="base-model builds it will average (default: its own, else the median)")
+    p.add_argument("--build-col", default="build", help="column of each run's base-model build, where the CSV has "
+                   "one (default: build); a size of several builds is fitted build by build")  # fmt: skip
     p.add_argument("--level", type=float, default=0.9, help="band and interval level (default: 0.9)")
     p.add_argument("--tolerance", type=float, default=0.03, help="held-out error and A half-width a predictable "
                    "forecast stays within (default: 0.03)")  # fmt: skip

@@ -130,16 +130,37 @@ def size_runs(
     *,
     seeds: int = 3,
     seed: int = 0,
+    builds: int = 1,
+    build_sd: float = 0.0,
     **kwargs,
 ) -> pd.DataFrame:
     """Runs of one recipe at several model sizes (name -> parameter count N), each size's curve from known
     laws (``A_of(N)``, ``cmid_of(N)``, ``b_of(N)``, ``r0_of(N)``): ``realistic_runs`` of each, as a long
-    table (size, parameters, seed, compute, value, truth); each size's seeds start from one base model."""
+    table (size, parameters, seed, compute, value, truth); each size's seeds start from one base model.
+
+    ``builds`` > 1: each size has that many independent base-model builds, each moving the size's A by
+    its own offset drawn with sd ``build_sd`` (the between-build spread, results/builds-gpu), ``seeds``
+    seeds each (numbered build * 1000 + seed, as a campaign's ``builds: N`` numbers them), with columns
+    ``build`` (b0, b1, ...) and ``build_A`` (that build's true A)."""
     frames = []
     for i, (name, n) in enumerate(sizes.items()):
-        df = realistic_runs(cmid_of(n), b_of(n), A_of(n), R0=r0_of(n), seeds=seeds, seed=seed * 1000 + i, **kwargs)
-        base = df["compute"] == 0
-        df.loc[base, "value"] = df.loc[base, "value"].mean()
+        if builds <= 1:
+            df = realistic_runs(cmid_of(n), b_of(n), A_of(n), R0=r0_of(n), seeds=seeds, seed=seed * 1000 + i, **kwargs)
+            base = df["compute"] == 0
+            df.loc[base, "value"] = df.loc[base, "value"].mean()
+        else:
+            offsets = np.random.default_rng([seed, i, 62]).normal(0.0, build_sd, builds)
+            parts = []
+            for b, off in enumerate(offsets):
+                a = float(np.clip(A_of(n) + off, r0_of(n) + 0.05, 0.99))
+                part = realistic_runs(cmid_of(n), b_of(n), a, R0=r0_of(n), seeds=seeds,
+                                      seed=(seed * 1000 + i) * 100 + b + 1, **kwargs)  # fmt: skip
+                base = part["compute"] == 0
+                part.loc[base, "value"] = part.loc[base, "value"].mean()  # one base model a build
+                part["seed"] += 1000 * b
+                part["build"], part["build_A"] = f"b{b}", a
+                parts.append(part)
+            df = pd.concat(parts, ignore_index=True)
         df.insert(0, "size", name)
         df.insert(1, "parameters", float(n))
         frames.append(df)
