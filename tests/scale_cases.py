@@ -38,3 +38,20 @@ def run_measured(cmd: list[str], cwd: Path, limit: int | None = None) -> tuple[i
         p = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, preexec_fn=cap)
         _, status, usage = os.wait4(p.pid, 0)
     return os.waitstatus_to_exitcode(status), out.read_text(), err.read_text(), usage.ru_maxrss * 1024
+
+
+def size_curves(df: pd.DataFrame) -> pd.DataFrame:
+    """A synthetic scale study's runs (``scalefit.synthetic.size_runs``) as ``analysis fit`` reads a
+    scale campaign's curves: a variant per size, a step per 512 completions."""
+    variant = "size=" + df["size"]
+    return pd.DataFrame(
+        {
+            "run": variant + "/seed" + df["seed"].astype(str),
+            "variant": variant,
+            "axis": "size",
+            "seed": df["seed"],
+            "step": (df["compute"] / 512).round().astype(int),
+            "val/mean_at_16": df["value"],
+            "compute/samples": df["compute"],
+        }
+    )

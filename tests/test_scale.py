@@ -14,6 +14,7 @@ from runners.campaign.load import expand, load_campaign, size_budgets
 from runners.campaign.spec import CampaignError
 from runners.task.sizes import parameter_count
 from tests.campaigns import assert_ran_together, write_campaign
+from tests.scale_cases import size_curves
 
 
 def scale_campaign(path: Path, sizes, steps: int = 4, **extra) -> Path:
@@ -207,19 +208,7 @@ def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_ot
         n_points=31,
         n_prompts=300,
     )
-    variant = "size=" + df["size"]
-    curves = pd.DataFrame(
-        {
-            "run": variant + "/seed" + df["seed"].astype(str),
-            "variant": variant,
-            "axis": "size",
-            "seed": df["seed"],
-            "step": (df["compute"] / 512).round().astype(int),
-            "val/mean_at_16": df["value"],
-            "compute/samples": df["compute"],
-            "run_id": variant + df["seed"].astype(str),
-        }
-    )
+    curves = size_curves(df).assign(run_id="size=" + df["size"] + df["seed"].astype(str))
     curves.to_csv(tmp_path / "curves.csv", index=False)
     assert main(["fit", "scale-gpu", "--curves", str(tmp_path / "curves.csv"), "--out", str(tmp_path / "fit")]) == 0
     out = capsys.readouterr().out

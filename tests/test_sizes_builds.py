@@ -17,6 +17,7 @@ from scalefit.cli import main
 from scalefit.size_builds import SEPARATE_AT, SIGMA_BUILD_A, build_sd_of_a, builds_needed
 from scalefit.sizes import fit_size, forecast_record, forecast_size, read_sizes, size_data
 from scalefit.synthetic import size_runs
+from tests.scale_cases import size_curves
 
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,19 +174,9 @@ def test_analysis_fit_of_a_scale_campaign_with_builds_fits_each_size_build_by_bu
 
     names = ["nano", "micro", "mini", "medium", "large"]
     df = runs(sizes={n: parameter_count(n) for n in names})
-    variant = "size=" + df["size"]
-    curves = pd.DataFrame(
-        {
-            "run": variant + "/seed" + df["seed"].astype(str),
-            "variant": variant,
-            "axis": "size",
-            "seed": df["seed"],
-            "step": (df["compute"] / 512).round().astype(int),
-            "val/mean_at_16": df["value"],
-            "compute/samples": df["compute"],
-            "build": df["size"] + df["build"],  # a hash per size and build, as load_curves gives it
-        }
-    )
+    curves = size_curves(df).assign(
+        build=df["size"] + df["build"]
+    )  # a hash per size and build, as load_curves gives it
     said = "\n".join(write_sizes(curves, tmp_path, "compute/samples"))
     md = (tmp_path / "sizes.md").read_text()
     assert "builds per size: nano 3, micro 3, mini 3, medium 3; large 3 builds" in md and "builds 3" in said
