@@ -140,7 +140,7 @@ def _summary(name: str, f: CurveFit, fc: Forecast | None, extra: dict[str, Any])
         lines.append(
             f"  backtests {len(fc.backtests)} at {fc.ratio:.2g}x: expected extrapolation error "
             + (f"{err:.4f}" if err is not None else "unknown")
-            + f", prediction band widened x{fc.calibration:.2f}"
+            + f"; {fc.calibration.text()}"
         )
         lines.append(f"  verdict {fc.verdict.text()}")
     ex = f.extrapolation()

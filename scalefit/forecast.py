@@ -53,7 +53,7 @@ from scalefit.prediction import (
     NoiseModel,
     Verdict,
     backtest_target,
-    calibration,
+    calibrate,
     error_trend,
     score_backtest,
 )
@@ -198,7 +198,7 @@ class SingleForecast(Forecast):
 
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
         """Draws of a new evaluation at each compute (the mean of ``n_runs`` runs' evaluations),
-        around the point prediction, scaled by the backtest calibration. Each parameter draw gets
+        around the point prediction, with the backtests' shape error (``calibration``). Each parameter draw gets
         several deviation draws (at least ``PREDICTION_DRAWS`` in all), so few resamples still give
         a smooth band."""
         c, curves = self._curves(compute)
@@ -208,7 +208,7 @@ class SingleForecast(Forecast):
         rng = np.random.default_rng(self.seed + 1)
         dev = rng.standard_normal(curves.shape) * sigma[:, None] / np.sqrt(max(n_runs, 1))
         point = self.point(c)[None, :]
-        return point + self.calibration * (curves + dev - point)
+        return self.calibration.widen(point, curves - point, dev, c, float(self.fit.compute.max()), self.seed)
 
     def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
         """``prediction_draws`` at one compute: a lone fit's noise model is one evaluation's, so it
@@ -429,7 +429,7 @@ def forecast(
     if not backtest:
         return fc
     fc.backtests = _backtests(fc, design, eval_prompts, eval_samples)
-    fc.calibration = calibration(fc.backtests)
+    fc.calibration = calibrate(fc.backtests)
     fc.verdict = fc.judge(design)
     return fc
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,8 +67,9 @@ from scalefit.prediction import (
     Forecast,
     NoiseModel,
     backtest_target,
-    calibration,
+    calibrate,
     score_backtest,
+    spread_out,
 )
 from scalefit.seeds import DeviationPool, deviation_pool
 from scalefit.settings import FitSettings
@@ -281,7 +282,7 @@ def _own_draws(f: SigmoidFit, sim: np.ndarray, r0_draws: np.ndarray, n_resamples
 class PooledForecast(Forecast):
     """A variant's forecast from the joint model (see the module docstring)."""
 
-    noise_var: dict[int, tuple[float, float]] = field(default_factory=dict)  # w -> (a, b): DeviationPool.variance
+    noise_var: dict[int, tuple[float, float, float]] = field(default_factory=dict)  # w -> (a, b, floor): _noise_vars
     shared_var: float = 0.0  # one evaluation's shock common to every run of the campaign
     n_seeds: int = 1
     target: float = np.nan
@@ -289,21 +290,26 @@ class PooledForecast(Forecast):
     campaign_backtests: int = 0  # backtests past the knee over the whole campaign (they set ``calibration``)
     alone: Forecast | None = field(default=None, repr=False)  # the variant fitted alone (``own``), once made
 
-    max_backtests: ClassVar[int] = 3  # each origin refits the whole campaign: its latest three
+    max_backtests: ClassVar[int] = 3  # each origin refits the whole campaign: three, spread over the feasible ones
     backtest_resamples: ClassVar[int] = 120
     paired: ClassVar[bool] = True
     error_name: ClassVar[str] = "expected error"
 
     def _sd(self, window: int, compute, n_runs: int) -> np.ndarray:
         """sd of the mean of ``n_runs`` runs' means over ``window`` evaluations ending at each compute:
-        each run's own deviation (σ²/k) and the shock they all share."""
+        each run's own deviation (σ²/k) and the shock they all share. Past the data a run's deviation
+        grows at least as a random walk's would (its variance above the evaluation's floor in
+        proportion to compute), or as fast as the pool's own line says, whichever is faster."""
         if window not in self.noise_var:
             raise ValueError(
                 f"no noise estimate for a mean over {window} evaluations (windows {sorted(self.noise_var)})"
             )
-        a, b = self.noise_var[window]
+        a, b, floor = self.noise_var[window]
         p = np.atleast_1d(np.asarray(compute, float)) / float(self.fit.compute.max())
-        return np.sqrt(np.maximum(a + b * p, 0.0) / max(n_runs, 1) + self.shared_var / window)
+        var = a + b * p
+        walk = floor + max(a + b - floor, 0.0) * p  # a random walk from the base model, through the end of the data
+        var = np.where(p > 1.0, np.maximum(var, walk), var)
+        return np.sqrt(np.maximum(var, 0.0) / max(n_runs, 1) + self.shared_var / window)
 
     def noise_sd(self, compute: float, n_runs: int = 1, window: int = 1) -> float:
         """The seeds' own noise: sd of the mean of ``n_runs`` runs' means over ``window`` evaluations
@@ -321,24 +327,25 @@ class PooledForecast(Forecast):
 
     def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
         """Draws of the mean of ``n_runs`` runs' evaluations averaged over ``computes`` (one compute: a
-        single evaluation; the last k evaluations: their mean), calibrated by the backtests.
-        ``window``: the number of evaluations averaged, when ``computes`` stands for them (default
-        ``len(computes)``)."""
+        single evaluation; the last k evaluations: their mean): the fit's spread, the seeds' noise at
+        the last of them and the backtests' shape error (``calibration``). ``window``: the number of
+        evaluations averaged, when ``computes`` stands for them (default ``len(computes)``)."""
         c, curves = self._curves(computes)
         point = float(self.point(c).mean())
-        mean_curve = curves.mean(axis=1)
+        fit_dev = curves.mean(axis=1, keepdims=True) - point
         scale = self.sigma_draws / self.noise.sigma if self.noise.sigma > 0 else np.ones(len(curves))
         rng = np.random.default_rng(self.seed + 1)
-        dev = rng.standard_normal(len(curves)) * scale * self._sd(window or len(c), c.max(), n_runs)[0]
-        return point + self.calibration * (mean_curve + dev - point)
+        noise = (rng.standard_normal(len(curves)) * scale * self._sd(window or len(c), c.max(), n_runs)[0])[:, None]
+        c_fit = float(self.fit.compute.max())
+        return self.calibration.widen(np.array([[point]]), fit_dev, noise, [c.max()], c_fit, self.seed)[:, 0]
 
     def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
         c, curves = self._curves(compute)
         scale = self.sigma_draws / self.noise.sigma if self.noise.sigma > 0 else np.ones(len(curves))
         rng = np.random.default_rng(self.seed + 1)
-        dev = rng.standard_normal(curves.shape) * scale[:, None] * self._sd(1, c, n_runs)[None, :]
+        noise = rng.standard_normal(curves.shape) * scale[:, None] * self._sd(1, c, n_runs)[None, :]
         point = self.point(c)[None, :]
-        return point + self.calibration * (curves + dev - point)
+        return self.calibration.widen(point, curves - point, noise, c, float(self.fit.compute.max()), self.seed)
 
     def expected_error_at(self, computes, n_runs: int | None = None, window: int | None = None) -> float:
         """Expected error of the point prediction against what ``n_runs`` seeds (default: this
@@ -381,17 +388,25 @@ class PooledForecast(Forecast):
             )
         return out
 
+    @property
+    def p_within(self) -> float | None:
+        """The probability that a mean of this variant's seeds' last ``window`` evaluations at the
+        target lands within ±margin of the prediction (None: no band)."""
+        if self.no_band or not np.isfinite(self.target):
+            return None
+        d = self.target_draws([self.target], self.n_seeds, self.window)
+        return float(np.mean(np.abs(d - float(self.point([self.target])[0])) <= self.margin))
+
     def error_doubt(self) -> tuple[str | None, float | None]:
         """A k-seed mean at the target that lands within ±margin with probability below the level."""
         w = self.window
-        d = self.target_draws([self.target], self.n_seeds, w)
-        point = float(self.point([self.target])[0])
-        p_within = float(np.mean(np.abs(d - point) <= self.margin))
-        if p_within >= self.level:
+        p_within = self.p_within
+        if p_within is None or p_within >= self.level:
             return None, None
-        half = float(np.percentile(np.abs(d - point), 100 * self.level))
+        d = self.target_draws([self.target], self.n_seeds, w)
+        half = float(np.percentile(np.abs(d - float(self.point([self.target])[0])), 100 * self.level))
         z = float(norm.ppf(0.5 + self.level / 2))
-        seeds_alone = z * self.calibration * float(self._sd(w, [self.target], self.n_seeds)[0])
+        seeds_alone = z * float(self._sd(w, [self.target], self.n_seeds)[0])
         what = f"a {self.n_seeds}-seed mean" + (f" of the last {w} evaluations" if w > 1 else "")
         text = (
             f"{what} at {self.ratio:.2g}x lands within ±{self.margin:g} with probability {p_within:.2f} "
@@ -426,7 +441,7 @@ class PooledForecast(Forecast):
             alone = forecast(
                 fit.unpooled, level=self.level, margin=self.margin, n_resamples=n, seed=self.seed, backtest=False
             )
-            alone.calibration = max(alone.calibration, self.calibration)  # the campaign's backtests widen it too
+            alone.calibration = self.calibration  # the campaign's backtests' shape error is its too
             self.alone = alone
         return self.alone
 
@@ -489,16 +504,16 @@ def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[st
 
 def _noise_vars(
     pool: DeviationPool, windows: tuple[int, ...], eval_prompts: int | None, level: float, shared_var: float
-) -> dict[int, tuple[float, float]]:
-    """The pool's variance line for each window. When the evaluation's size is known, one
-    evaluation's variance (a run's own plus the shared shock) is at least mean@16's binomial one."""
+) -> dict[int, tuple[float, float, float]]:
+    """The pool's variance line for each window, and the part of it that does not grow with compute
+    (the evaluation's own: mean@16's binomial variance when the evaluation's size is known, a floor
+    under the line's intercept; else none)."""
     out = {}
-    floor = eval_sd(level, eval_prompts)
+    sd = eval_sd(level, eval_prompts)
     for w in windows:
         a, b = pool.variance(w)
-        if floor is not None:
-            a = max(a, max(float(floor) ** 2 - shared_var, 0.0) / w)
-        out[w] = (a, b)
+        floor = 0.0 if sd is None else max(float(sd) ** 2 - shared_var, 0.0) / w
+        out[w] = (max(a, floor), b, floor)
     return out
 
 
@@ -523,7 +538,7 @@ def _build_forecasts(
     skip = frozenset(v for v in no_band if no_band[v])
     shared = shared_variance({v: f for v, f in cfit.fits.items() if v not in skip})
     nv = _noise_vars(pool, windows(settings), settings.eval_prompts, level_now, shared)
-    sd1 = float(np.sqrt(sum(nv[1])))  # one evaluation at the end of the fitted range
+    sd1 = float(np.sqrt(sum(nv[1][:2])))  # one evaluation at the end of the fitted range
     draws = campaign_bootstrap(cfit, pool, n_resamples, seed, skip, shared)
     rng = np.random.default_rng(seed + 3)
     dof = max(pool.dof, 1)
@@ -560,12 +575,11 @@ def _backtests(
     pos = np.unique(ref.compute) / ref.compute.max()
     feasible = [float(q) for q in pos[3:] if backtest_target(pos, q, ratio) is not None]
     out: dict[str, list[Backtest]] = {v: [] for v in cfit.fits}
-    prefix_settings = replace(settings, last_k=1)  # a backtest scores one evaluation
-    for q in feasible[-PooledForecast.max_backtests :]:
+    for q in spread_out(feasible, PooledForecast.max_backtests):
         upto = {v: q * float(f.compute.max()) for v, f in cfit.fits.items()}
         try:
             prefix = cfit.refit(fit_upto=upto)
-            fcs = _build_forecasts(prefix, prefix_settings, None, PooledForecast.backtest_resamples, seed)
+            fcs = _build_forecasts(prefix, settings, None, PooledForecast.backtest_resamples, seed)
         except FitError:
             continue
         for v, fc in fcs.items():
@@ -573,7 +587,7 @@ def _backtests(
                 continue
             f = cfit.fits[v]
             if backtest_target(f.compute, upto[v], ratio) is not None:
-                out[v].append(score_backtest(fc, upto[v], f.compute, f.value, ratio))
+                out[v].append(score_backtest(fc, upto[v], f.compute, f.value, ratio, settings.last_k))
     return out
 
 
@@ -608,7 +622,7 @@ def forecast_campaign(
     if backtest:
         question = float(np.median(list(ratio.values())))
         bts = _backtests(cfit, fcs, question, settings, seed)
-        cal = calibration(b for bt in bts.values() for b in bt)
+        cal = calibrate(b for bt in bts.values() for b in bt)
         n_bt = sum(len(b) for b in bts.values())
         for v, fc in fcs.items():
             fc.backtests, fc.calibration, fc.campaign_backtests = bts.get(v, []), cal, n_bt

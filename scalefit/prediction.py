@@ -40,7 +40,11 @@ from scalefit.slower_or_lower import Knee, Separation, knee_from_data, separate
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
-CALIBRATION_PRIOR = 2.0  # weight of "the model's own band is right" against the backtests
+SHAPE_PRIOR_SD = 0.035  # the sigmoid's shape error at 2x its data before any backtest: the tuning studies' (docs/benchmarks.md)
+SHAPE_PRIOR_WEIGHT = 4.0  # that prior's weight, in backtests
+# a backtest informs the shape error when it looked ahead at least this share of the question's
+# distance in log-compute: nearer ones answer another question (a prefix's spread a short way ahead)
+SAME_REACH = 2 / 3
 MIN_BACKTESTS = 2  # a prediction no two backtests checked is not predictable, and carries no call past the data
 STRUCTURE_Z = 3.0  # the latest third of the points this many standard errors off the curve: structure
 PREDICTION_DRAWS = 4000
@@ -112,21 +116,83 @@ def backtest_target(compute: np.ndarray, origin: float, ratio: float, gap: float
     return float(ahead.max())
 
 
-def score_backtest(prefix: Forecast, origin: float, compute: np.ndarray, value: np.ndarray, ratio: float) -> Backtest:
-    """``prefix`` (a forecast from the points up to ``origin``) scored on the mean of the evaluations
-    at ``backtest_target`` (one a run): its point prediction, and the sd of its draws of that mean."""
+def score_backtest(
+    prefix: Forecast, origin: float, compute: np.ndarray, value: np.ndarray, ratio: float, window: int = 1
+) -> Backtest:
+    """``prefix`` (a forecast from the points up to ``origin``) scored on what the question predicts:
+    the mean of the runs' last ``window`` evaluations up to ``backtest_target`` (one evaluation where
+    fewer than ``window`` lie past the origin), its point prediction and the sd of its draws of that mean."""
     t = backtest_target(compute, origin, ratio)
-    at_t = value[compute == t]
-    draws = prefix.target_draws([t], len(at_t))
-    return Backtest(origin, t, float(prefix.point([t])[0]), float(at_t.mean()), float(np.std(draws)), ratio, len(at_t))
+    after = np.unique(compute[(compute > origin * (1 + 1e-9)) & (compute <= t)])
+    w = window if len(after) >= window else 1
+    at = after[-w:]
+    observed = float(np.mean([value[compute == c].mean() for c in at]))
+    n_runs = int((compute == t).sum())
+    draws = prefix.target_draws(at, n_runs, window=w)
+    return Backtest(origin, t, float(prefix.point(at).mean()), observed, float(np.std(draws)), ratio, n_runs)
 
 
-def calibration(backtests: Iterable[Backtest]) -> float:
-    """The bands' width factor from backtests: the RMS of their standardised errors with a prior
-    weight (``CALIBRATION_PRIOR``) on "the model's own band is right"; never below 1 (backtests that
-    happen to land close cannot make a band narrower)."""
-    zs = np.array([b.z for b in backtests if np.isfinite(b.z)])
-    return max(1.0, float(np.sqrt((np.sum(zs**2) + CALIBRATION_PRIOR) / (len(zs) + CALIBRATION_PRIOR))))
+@dataclass(frozen=True)
+class Calibration:
+    """What the backtests add to a forecast's spread, additively: a shape error, the sigmoid being
+    the wrong curve, whose variance grows with the square of the distance past the data in
+    log-compute and is ``shape_var`` at twice the data. Negative where the backtests landed closer
+    than the model claimed: the fit's own spread then shrinks by as much (never below zero, and the
+    seeds' noise is never shrunk). ``calibrate`` estimates it."""
+
+    shape_var: float = 0.0
+    backtests: int = 0
+
+    def reach(self, compute, c_fit: float) -> np.ndarray:
+        """How far past the data each compute lies, in doublings, squared (0 within the data)."""
+        c = np.atleast_1d(np.asarray(compute, float))
+        return np.where(c > c_fit, np.log(np.maximum(c, c_fit) / c_fit) / np.log(2.0), 0.0) ** 2
+
+    def widen(
+        self, point: np.ndarray, fit_dev: np.ndarray, noise: np.ndarray, compute, c_fit: float, seed: int
+    ) -> np.ndarray:
+        """Calibrated draws (draws x computes): the point, the fit's deviations (``fit_dev``) and the
+        seeds' (``noise``), with the shape error added (or, negative, taken from the fit's spread)."""
+        add = self.shape_var * self.reach(compute, c_fit)[None, :]
+        if self.shape_var >= 0:
+            shape = np.random.default_rng(seed + 7).standard_normal(fit_dev.shape) * np.sqrt(add)
+            return point + fit_dev + noise + shape
+        v = fit_dev.var(axis=0, keepdims=True)
+        scale = np.sqrt(np.maximum(v + add, 0.0) / np.where(v > 0, v, 1.0))
+        return point + scale * fit_dev + noise
+
+    @property
+    def shape_sd(self) -> float:
+        """The shape error's sd at twice the data, signed: negative where the fit's spread shrank."""
+        return float(np.sign(self.shape_var) * np.sqrt(abs(self.shape_var)))
+
+    def text(self) -> str:
+        if self.shape_var >= 0:
+            return f"shape error ±{self.shape_sd:.3f} at 2x the data ({self.backtests} backtests)"
+        return f"the fit's spread less {-self.shape_sd:.3f} (sd) at 2x the data ({self.backtests} backtests)"
+
+
+def calibrate(backtests: Iterable[Backtest]) -> Calibration:
+    """The shape error from backtests that looked about as far ahead as the question (``SAME_REACH``),
+    each scored on what the question predicts: its squared error
+    less the variance its prefix forecast claimed, carried to 2x by the square of its reach, and
+    shrunk towards ``SHAPE_PRIOR_SD`` with ``SHAPE_PRIOR_WEIGHT`` (method of moments: unbiased for
+    the shape variance whatever the model's own spread, and free to go below zero)."""
+    terms = [
+        (b.error**2 - b.sd**2) * (np.log(2.0) / np.log(b.target / b.origin)) ** 2
+        for b in backtests
+        if np.isfinite(b.error) and b.sd > 0 and np.log(b.target / b.origin) >= SAME_REACH * np.log(b.ratio)
+    ]
+    shape = (SHAPE_PRIOR_WEIGHT * SHAPE_PRIOR_SD**2 + float(np.sum(terms))) / (SHAPE_PRIOR_WEIGHT + len(terms))
+    return Calibration(shape, len(terms))
+
+
+def spread_out(origins: list[float], n: int) -> list[float]:
+    """At most ``n`` of the feasible backtest origins, spread from the earliest to the latest (so that
+    they look as far ahead as the question where the data allow, not from ``n`` neighbouring points)."""
+    if len(origins) <= n:
+        return list(origins)
+    return [origins[int(i)] for i in np.unique(np.round(np.linspace(0, len(origins) - 1, n)))]
 
 
 def error_trend(backtests: list[Backtest], margin: float, c_fit: float) -> float | None:
@@ -194,7 +260,7 @@ class Forecast(ABC):
     ratio: float
     margin: float
     backtests: list[Backtest] = field(default_factory=list)
-    calibration: float = 1.0  # the prediction band's width factor from the backtests
+    calibration: Calibration = field(default_factory=Calibration)  # what the backtests add to the spread
     verdict: Verdict | None = None
     seed: int = 0
     refitted_points: int | None = None  # fitted evaluations the bootstrap refitted (fewer when thinned)
@@ -302,11 +368,12 @@ class Forecast(ABC):
         return self._by_columns(compute, len(self.samples), band)
 
     def mean_draws(self, compute) -> np.ndarray:
-        """Draws of the mean curve at each compute (resamples x points), widened by the backtest
-        calibration as the prediction band is: what the recipe itself reaches, not one evaluation."""
+        """Draws of the mean curve at each compute (resamples x points), with the backtests' shape
+        error (``calibration``) as the prediction band has it: what the recipe itself reaches, not
+        one evaluation."""
         c, curves = self._curves(compute)
         point = self.point(c)[None, :]
-        return point + self.calibration * (curves - point)
+        return self.calibration.widen(point, curves - point, 0.0, c, float(self.fit.compute.max()), self.seed)
 
     def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Where a new evaluation at each compute lands (parameter uncertainty + evaluation noise +
@@ -416,7 +483,8 @@ class Forecast(ABC):
             "refitted_points": self.refitted_points,
             "noise": self.noise.to_dict(),
             "ratio": self.ratio,
-            "calibration": self.calibration,
+            "shape_sd": self.calibration.shape_sd,
+            "shape_backtests": self.calibration.backtests,
             "expected_error": self.expected_error,
             "backtests": [
                 {
