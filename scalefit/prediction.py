@@ -21,6 +21,9 @@ scores (``backtest_target``) and how (``score_backtest``), the bands' ``calibrat
 ``error_doubt``, ``structure_doubts``) and the call. What really differs between the models is
 declared on each class, once: ``max_backtests``, ``backtest_resamples``, ``paired`` (resample i of
 every variant comes from one simulated campaign) and ``error_name``.
+
+Above ``Forecast``, ``CurveForecast`` declares the part every forecast of a curve answers, however it
+was made: the forecast of a model size from smaller ones (``scalefit.sizes.SizeForecast``) is one too.
 """
 
 from __future__ import annotations

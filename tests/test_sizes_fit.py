@@ -56,8 +56,8 @@ def test_known_laws_are_recovered_and_the_largest_size_is_forecast_within_its_ba
     assert np.mean((truth >= fc.lo) & (truth <= fc.hi)) >= 0.9
     assert fc.actual["band_coverage"] >= 0.8 and fc.actual["A_inside"], fc.actual
     # d's ceiling (0.79) is passed where the true curve of e passes it
-    true_pass = cmid_of(N["e"]) * ((truth_a - r0_of(N["e"])) / (fc.pass_level - r0_of(N["e"])) - 1) ** (-1 / 1.8)
-    assert fc.pass_interval[0] <= true_pass <= fc.pass_interval[1], (true_pass, fc.pass_interval)
+    true_pass = cmid_of(N["e"]) * ((truth_a - r0_of(N["e"])) / (fc.passes.level - r0_of(N["e"])) - 1) ** (-1 / 1.8)
+    assert fc.passes.interval[0] <= true_pass <= fc.passes.interval[1], (true_pass, fc.passes.interval)
 
 
 def test_forms_are_chosen_by_held_out_error_not_by_fit_so_wrong_ones_are_rejected():

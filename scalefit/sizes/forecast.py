@@ -79,6 +79,16 @@ class SizeDraws:
 
 
 @dataclass(frozen=True)
+class Passing:
+    """Where a size's forecast passes the largest fitted size's ceiling."""
+
+    level: float  # the largest fitted size's A
+    compute: float  # median compute at which the draws' curves pass it (inf: most never do)
+    interval: tuple[float, float]  # inf: never
+    share: float  # share of draws that pass it at all
+
+
+@dataclass(frozen=True)
 class SizeForecast(CurveForecast):
     """The forecast of one size's curve from the other sizes' fits, complete when built."""
 
@@ -100,10 +110,7 @@ class SizeForecast(CurveForecast):
     lo: np.ndarray
     hi: np.ndarray
     A: float
-    pass_level: float  # the largest fitted size's ceiling (its A)
-    pass_compute: float  # median compute at which the forecast passes it (inf: most draws never do)
-    pass_interval: tuple[float, float]
-    pass_share: float  # share of draws that pass it at all
+    passes: Passing  # where it passes the largest fitted size's ceiling
     verdict: Verdict
     actual: dict[str, Any] | None  # the size's own runs against the forecast, where they exist
     trend: dict[str, Any]  # neighbouring sizes' A with build noise (``builds.size_trend``)
@@ -148,10 +155,10 @@ class SizeForecast(CurveForecast):
             "A": self.A,
             "A_interval": list(self.interval("A")),
             "passes": {
-                "A": self.pass_level,
-                "compute": _finite(self.pass_compute),
-                "interval": [_finite(c) for c in self.pass_interval],
-                "share_of_draws": self.pass_share,
+                "A": self.passes.level,
+                "compute": _finite(self.passes.compute),
+                "interval": [_finite(c) for c in self.passes.interval],
+                "share_of_draws": self.passes.share,
             },
             "predictable": self.verdict.predictable,
             "reasons": self.verdict.reasons,
@@ -214,13 +221,7 @@ def forecast_size(
     values, misfit = law_draws(sized, choice, params, r0, n_draws, seed)
     k = n_seeds or (own.n_seeds if own is not None else int(np.median([f.n_seeds for f in sized])))
     nb = n_builds or (own.n_builds if own is not None else int(np.median([f.n_builds for f in sized])))
-    build_sd, build_source, _ = build_sd_of_a(sized)
-    applied = any(f.n_builds >= 2 for f in sized) or (own is not None and own.n_builds >= 2) or nb >= 2
-    values["A_law"] = values["A"]
-    values["z_build"] = np.random.default_rng([seed, 62]).standard_normal(n_draws)  # its own stream: the rest stays
-    with_builds = np.clip(values["A_law"] + build_sd * values["z_build"] / np.sqrt(nb), values["R0"] + 1e-3, 1.0)
-    if applied:
-        values["A"] = with_builds
+    build_sd, build_source, applied, with_builds = _build_spread(values, sized, own, nb, seed)
     draws = SizeDraws(values, level, build_sd, applied)
     c_max = max(float(d.compute.max()) for d in data.values())
     grid = np.unique(np.concatenate([np.linspace(0, c_max, 101), own.mean_curve()[0] if own is not None else []]))
@@ -228,7 +229,6 @@ def forecast_size(
     lo, hi = draws.band(grid, k)
     a, a_interval = float(np.median(values["A"])), draws.interval("A")
     q = (1 - level) / 2
-    passing = _passing(values, sized[-1], q)
     own_fit, actual = None, None
     if own is not None and (own.compute > 0).any():  # its runs so far (rows at compute 0 alone give its R0)
         actual, own_fit = _against_actual(draws, target, own, (grid, curve), a, a_interval, a_grid, seed,
@@ -237,8 +237,7 @@ def forecast_size(
         name=target, params=float(params), level=level, choice=choice, choices=choices, fits=sized, joint_b=joint,
         misfit_sd=misfit, draws=draws, n_seeds=k, n_builds=nb, build_source=build_source,
         A_interval_builds=(float(np.quantile(with_builds, q)), float(np.quantile(with_builds, 1 - q))),
-        compute=grid, curve=curve, lo=lo, hi=hi, A=a, pass_level=sized[-1].theta["A"], pass_compute=passing[0],
-        pass_interval=passing[1], pass_share=passing[2],
+        compute=grid, curve=curve, lo=lo, hi=hi, A=a, passes=_passing(values, sized[-1], q),
         verdict=_verdict(choice, a, a_interval, level, float(params), sized, tolerance), actual=actual,
         trend=size_trend(sized + ([own_fit] if own_fit else []), build_sd, build_source, level),
     )  # fmt: skip
@@ -262,16 +261,31 @@ def _forecast_inputs(
     return params, fitted
 
 
-def _passing(d: Mapping[str, np.ndarray], top: SizeFit, q: float) -> tuple[float, tuple[float, float], float]:
-    """The median compute at which the draws' curves pass the largest fitted size's ceiling (inf: most never
-    do), its interval, and the share of draws that pass it at all."""
+def _build_spread(
+    values: dict[str, np.ndarray], fits: list[SizeFit], own: SizeData | None, nb: int, seed: int
+) -> tuple[float, str, bool, np.ndarray]:
+    """One build's sd of A (``builds.build_sd_of_a``), drawn into A's draws over ``nb`` builds where any size
+    holds several (``values`` gains ``A_law``, A before it, and ``z_build``): that sd, where it comes from,
+    whether A's draws carry it, and A's draws with it."""
+    build_sd, source, _ = build_sd_of_a(fits)
+    applied = any(f.n_builds >= 2 for f in fits) or (own is not None and own.n_builds >= 2) or nb >= 2
+    values["A_law"] = values["A"]
+    values["z_build"] = np.random.default_rng([seed, 62]).standard_normal(len(values["A"]))  # its own stream
+    with_builds = np.clip(values["A_law"] + build_sd * values["z_build"] / np.sqrt(nb), values["R0"] + 1e-3, 1.0)
+    if applied:
+        values["A"] = with_builds
+    return build_sd, source, applied, with_builds
+
+
+def _passing(d: Mapping[str, np.ndarray], top: SizeFit, q: float) -> Passing:
+    """Where the draws' curves pass the largest fitted size's ceiling (``top``'s A)."""
     y = top.theta["A"]
     ratio = (d["A"] - d["R0"]) / np.maximum(y - d["R0"], 1e-12) - 1.0
     ok = (d["A"] > y) & (y > d["R0"]) & (ratio > 0)
     c = np.full(len(ratio), np.inf)
     c[ok] = np.exp(d["logC"][ok]) * ratio[ok] ** (-1.0 / np.exp(d["logB"][ok]))
     interval = tuple(float(np.quantile(c, x, method="inverted_cdf")) for x in (q, 1 - q))  # inf: never
-    return float(np.quantile(c, 0.5, method="inverted_cdf")), interval, float(ok.mean())
+    return Passing(y, float(np.quantile(c, 0.5, method="inverted_cdf")), interval, float(ok.mean()))
 
 
 def _verdict(

@@ -17,7 +17,7 @@ from scalefit.sizes.forecast import SizeForecast
 def forecast_lines(fc: SizeForecast) -> list[str]:
     """The forecast in words and numbers."""
     lo, hi = fc.interval("A")
-    p_lo, p_hi = fc.pass_interval
+    p_lo, p_hi = fc.passes.interval
     how = "jointly, one B for every size" if fc.joint_b else "one by one"
     if any(f.n_builds >= 2 for f in fc.fits):
         out = [f"per size (each build's sigmoid on its own seeds, fitted {how}; the size's parameters the mean over"
@@ -39,10 +39,10 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
     misfit = ", ".join(f"{p} {v:.3g}" for p, v in fc.misfit_sd.items())
     out.append(f"misfit added (held-out, beyond the sizes' spread): {misfit}")
     passing = (
-        f"passes {fc.pass_level:.3f} (the largest fitted size's A) at {fc.pass_compute:.3g} "
-        f"[{p_lo:.3g}, {p_hi:.3g}] ({fc.pass_share:.0%} of draws pass it)"
-        if fc.pass_share >= 0.5
-        else f"does not pass {fc.pass_level:.3f} (the largest fitted size's A) in {1 - fc.pass_share:.0%} of draws"
+        f"passes {fc.passes.level:.3f} (the largest fitted size's A) at {fc.passes.compute:.3g} "
+        f"[{p_lo:.3g}, {p_hi:.3g}] ({fc.passes.share:.0%} of draws pass it)"
+        if fc.passes.share >= 0.5
+        else f"does not pass {fc.passes.level:.3f} (the largest fitted size's A) in {1 - fc.passes.share:.0%} of draws"
     )
     out += [
         f"forecast of {fc.name} (N {fc.params / 1e6:.3f}M): A {fc.A:.3f} [{lo:.3f}, {hi:.3f}] ({fc.level:.0%});"
@@ -93,7 +93,7 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
     band = f"{fc.name}: forecast {fc.level:.0%} band"
     ax.fill_between(fc.compute, fc.lo, fc.hi, color="crimson", alpha=0.15, label=band)
     ax.plot(fc.compute, fc.curve, "--", color="crimson", label=f"{fc.name}: forecast, A {fc.A:.3f}")
-    ax.axhline(fc.pass_level, color="gray", lw=0.8, ls=":")
+    ax.axhline(fc.passes.level, color="gray", lw=0.8, ls=":")
     ax.set_xlabel("compute")
     ax.set_ylabel("mean@16")
     ax.set_title(f"across sizes: fits, and the forecast of {fc.name}")
