@@ -31,7 +31,7 @@ MAX_REACH = 4.0  # a forecast this many times past the largest fitted N is an ex
 PARAM_DRAWS = {"A": ("A", False), "B": ("logB", True), "C_mid": ("logC", True), "R0": ("R0", False)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SizeDraws:
     """Draws of a size's sigmoid parameters from the laws (``A``, ``logC``, ``logB``, ``R0``; ``A_law`` before
     the build spread, ``z_build`` its standard normal draws, ``noise_sd`` one evaluation's scatter), and the
@@ -88,9 +88,10 @@ class Passing:
     share: float  # share of draws that pass it at all
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SizeForecast(CurveForecast):
-    """The forecast of one size's curve from the other sizes' fits, complete when built."""
+    """The forecast of one size's curve from the other sizes' fits, complete when built (frozen; two are
+    equal only when they are one)."""
 
     name: str
     params: float
