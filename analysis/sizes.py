@@ -3,7 +3,7 @@
 ``holdout``) from the others with the leave-one-size-out backtest (``sizes.md``), as data
 (``sizes.json``) and the plot (``sizes.png``), written beside the per-size table that
 ``python -m analysis fit`` writes. Where a size's runs started from several base-model builds (the
-``build`` column; a campaign's ``builds: N``), it is fitted build by build (``scalefit.size_builds``)."""
+``build`` column; a campaign's ``builds: N``), it is fitted build by build (``scalefit.sizes.builds``)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,7 @@ import pandas as pd
 from runners.task.sizes import SIZES, parameter_count
 from scalefit.errors import FitError
 from scalefit.outputs import write_json
-from scalefit.sizes import (
-    MIN_SIZES,
-    backtest_sizes,
-    fit_size,
-    forecast_lines,
-    forecast_record,
-    forecast_size,
-    plot_sizes,
-    size_data,
-)
+from scalefit.sizes import MIN_SIZES, backtest_sizes, fit_size, forecast_lines, forecast_size, plot_sizes, size_data
 
 FORECAST_FILES = ("sizes.md", "sizes.json", "sizes.png")
 SIZE_PREFIX = "size="  # a scale campaign's variants: size=NAME (runners.campaign.load.expand)
@@ -77,6 +68,6 @@ def write_sizes(
     if len(fitted) > MIN_SIZES + 1:
         report += backtest_sizes(fitted, fits=fits).lines()
     (out / "sizes.md").write_text("```\n" + "\n".join(report) + "\n```\n")
-    write_json(forecast_record(fc), str(out / "sizes.json"), quiet=True)
+    write_json(fc.to_dict(), str(out / "sizes.json"), quiet=True)
     plot_sizes(data, fc, out / "sizes.png")
     return [*lines, *report, f"  written: {out / 'sizes.md'}, {out / 'sizes.json'}, {out / 'sizes.png'}"]

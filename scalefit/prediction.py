@@ -21,6 +21,9 @@ scores (``backtest_target``) and how (``score_backtest``), the bands' ``calibrat
 ``error_doubt``, ``structure_doubts``) and the call. What really differs between the models is
 declared on each class, once: ``max_backtests``, ``backtest_resamples``, ``paired`` (resample i of
 every variant comes from one simulated campaign) and ``error_name``.
+
+Above ``Forecast``, ``CurveForecast`` declares the part every forecast of a curve answers, however it
+was made: the forecast of a model size from smaller ones (``scalefit.sizes.SizeForecast``) is one too.
 """
 
 from __future__ import annotations
@@ -247,8 +250,42 @@ class Verdict:
         }
 
 
+class CurveForecast(ABC):
+    """What every forecast of a curve answers, however it was made: a fit over compute (``Forecast``)
+    or laws across model size (``scalefit.sizes.SizeForecast``). Complete when built: its ``level`` and
+    ``verdict``, the point curve, draws of the mean curve and of a new evaluation (the mean of ``n_runs``
+    runs') and that band, each parameter's ``interval``, and itself as data. A caller holding one never asks which."""
+
+    level: float
+    verdict: Verdict
+
+    @abstractmethod
+    def point(self, compute) -> np.ndarray:
+        """The predicted mean curve at each compute."""
+
+    @abstractmethod
+    def interval(self, param: str) -> tuple[float, float]:
+        """``param``'s interval at ``level``."""
+
+    @abstractmethod
+    def mean_draws(self, compute) -> np.ndarray:
+        """Draws of the mean curve at each compute: (draws, points)."""
+
+    @abstractmethod
+    def prediction_draws(self, compute, n_runs: int = 1) -> np.ndarray:
+        """Draws of a new evaluation (the mean of ``n_runs`` runs') at each compute: (draws, points)."""
+
+    @abstractmethod
+    def prediction_band(self, compute, n_runs: int = 1, level: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Where a new evaluation (the mean of ``n_runs`` runs') at each compute lands, at ``level``."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """The forecast as data (JSON-ready)."""
+
+
 @dataclass
-class Forecast(ABC):
+class Forecast(CurveForecast):
     """A fit with its bands, backtests and verdict (see the module docstring). Bands are ``(lo, hi)``
     arrays at ``level``; ``no_band`` says why a forecast has none (its bands are NaN, no call)."""
 

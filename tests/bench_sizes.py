@@ -70,7 +70,7 @@ def bench_builds(replications: int) -> None:
         t0 = time.perf_counter()
         fc = forecast_size(data, "large")
         times.append(time.perf_counter() - t0)
-    lo, hi = fc.A_interval
+    lo, hi = fc.interval("A")
     print(
         f"across-size fit with builds, 5 sizes x 3 builds x 2 seeds x 31 evaluations: {np.median(times):.2f} s "
         f"(median of 3; target < 5 s); large: A {fc.A:.3f} [{lo:.3f}, {hi:.3f}], σ_build {fc.build_sd:.3f} "
@@ -86,9 +86,9 @@ def bench_builds(replications: int) -> None:
         true_a = float(df[df["size"] == "large"].groupby("build")["build_A"].first().mean())
         rows.append(
             {
-                "A_inside": fc.A_interval[0] <= true_a <= fc.A_interval[1],
+                "A_inside": fc.interval("A")[0] <= true_a <= fc.interval("A")[1],
                 "A_error": fc.A - true_a,
-                "half_width": (fc.A_interval[1] - fc.A_interval[0]) / 2,
+                "half_width": np.diff(fc.interval("A"))[0] / 2,
                 "band": fc.actual["band_coverage"],
                 "band_by_build": fc.actual["band_coverage_builds_mean"],
                 "sigma": fc.build_sd,
@@ -121,7 +121,7 @@ def main() -> None:
         fc = forecast_size(data, "s9")
         times.append(time.perf_counter() - t0)
     print(f"across-size fit, 10 sizes x 5 seeds x 31 evaluations: {np.median(times):.2f} s (median of 3; target < 5 s)")
-    lo, hi = fc.A_interval
+    lo, hi = fc.interval("A")
     print(f"  forecast of s9: A {fc.A:.3f} [{lo:.3f}, {hi:.3f}], true {laws(ten['s9'])[0]:.3f}")
     t0 = time.perf_counter()
     bt = backtest_sizes({k: d for k, d in data.items() if k != "s9"})
@@ -132,11 +132,11 @@ def main() -> None:
         true_a = laws(GPU_SIZES["large"])[0]
         rows.append(
             {
-                "A_inside": fc.A_interval[0] <= true_a <= fc.A_interval[1],
+                "A_inside": fc.interval("A")[0] <= true_a <= fc.interval("A")[1],
                 "A_error": fc.A - true_a,
                 "band": fc.actual["band_coverage"],
-                "half_width": (fc.A_interval[1] - fc.A_interval[0]) / 2,
-                "predictable": fc.predictable,
+                "half_width": np.diff(fc.interval("A"))[0] / 2,
+                "predictable": fc.verdict.predictable,
             }
         )
     df = pd.DataFrame(rows)

@@ -1,4 +1,4 @@
-"""scalefit.size_builds through scalefit.sizes: a size of several base-model builds takes the mean over its
+"""scalefit.sizes.builds through the sizes room: a size of several base-model builds takes the mean over its
 builds with the between-build spread (not leave-one-seed-out), the forecast's band carries one build's
 spread of A, the outputs say how many builds each size holds, the size trend is stated with build noise
 and its planner, and a study of one build a size gives exactly the numbers it gave before (issue 62)."""
@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from scalefit.cli import main
-from scalefit.size_builds import SEPARATE_AT, SIGMA_BUILD_A, build_sd_of_a, builds_needed
-from scalefit.sizes import fit_size, forecast_record, forecast_size, read_sizes, size_data
+from scalefit.sizes import fit_size, forecast_size, read_sizes, size_data
+from scalefit.sizes.builds import SEPARATE_AT, SIGMA_BUILD_A, build_sd_of_a, builds_needed
 from scalefit.synthetic import size_runs
 from tests.scale_cases import size_curves
 
@@ -84,10 +84,10 @@ def test_the_forecast_band_carries_the_between_build_spread_estimated_from_the_s
     added = np.var(fc.draws["A"]) - np.var(fc.draws["A_law"])
     assert added == pytest.approx(sd**2 / 3, rel=0.25)  # one build's variance over the size's three builds
     c, _, k = data["e"].mean_curve()
-    lo3, hi3 = fc.band_at(c, k)
-    lo1, hi1 = fc.band_at(c, k, n_builds=1)
+    lo3, hi3 = fc.prediction_band(c, k)
+    lo1, hi1 = fc.prediction_band(c, k, builds=1)
     assert np.mean(hi1 - lo1) > np.mean(hi3 - lo3) > 0  # one build's mean is wider apart than three's
-    assert fc.A_interval == fc.A_interval_builds
+    assert fc.interval("A") == fc.A_interval_builds
     assert set(fc.actual["band_coverage_by_build"]) == {"b0", "b1", "b2"}
     # no fitted size of several builds: the target's builds take the value measured at micro, named as such
     one = as_data(runs(builds=1, **flat))
@@ -144,7 +144,7 @@ def test_one_build_a_size_gives_the_recorded_numbers_of_scale_gpu2_plus_its_buil
     recorded = json.loads((ROOT / "results/scale-gpu2/sizes.json").read_text())
     data = read_sizes(str(ROOT / "results/scale-gpu2/sizes.csv"), "compute/samples", "val/mean_at_16")
     assert {d.n_builds for d in data.values()} == {1}
-    record = json.loads(json.dumps(forecast_record(forecast_size(data, "large", r0=0.4725))))
+    record = json.loads(json.dumps(forecast_size(data, "large", r0=0.4725).to_dict()))
     added = set(record) - set(recorded)
     assert added == {"builds", "size_trend"} and not set(recorded) - set(record)
     assert record["builds"]["per_size"] == dict.fromkeys(["nano", "micro", "mini", "medium"], 1)

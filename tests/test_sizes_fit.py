@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from scalefit.errors import FitError
 from scalefit.sizes import backtest_sizes, choose_forms, fit_size, forecast_size, size_data
 from scalefit.synthetic import size_runs
 
+ROOT = Path(__file__).resolve().parents[1]
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
 
 
@@ -47,14 +49,15 @@ def test_known_laws_are_recovered_and_the_largest_size_is_forecast_within_its_ba
         assert abs(f.theta["A"] - A_of(d.params)) < 0.02, (name, f.theta)
     fc = forecast_size(data, "e")
     truth_a = A_of(N["e"])
-    assert fc.A_interval[0] <= truth_a <= fc.A_interval[1] and abs(fc.A - truth_a) <= 0.03, (fc.A, fc.A_interval)
+    lo, hi = fc.interval("A")
+    assert lo <= truth_a <= hi and abs(fc.A - truth_a) <= 0.03, (fc.A, lo, hi)
     assert fc.choice.forms["A"] == "saturating" and fc.choice.forms["logC"] == "log-linear"
     truth = sigmoid(fc.compute, truth_a, 1.8, cmid_of(N["e"]), r0_of(N["e"]))
     assert np.mean((truth >= fc.lo) & (truth <= fc.hi)) >= 0.9
     assert fc.actual["band_coverage"] >= 0.8 and fc.actual["A_inside"], fc.actual
     # d's ceiling (0.79) is passed where the true curve of e passes it
-    true_pass = cmid_of(N["e"]) * ((truth_a - r0_of(N["e"])) / (fc.pass_level - r0_of(N["e"])) - 1) ** (-1 / 1.8)
-    assert fc.pass_interval[0] <= true_pass <= fc.pass_interval[1], (true_pass, fc.pass_interval)
+    true_pass = cmid_of(N["e"]) * ((truth_a - r0_of(N["e"])) / (fc.passes.level - r0_of(N["e"])) - 1) ** (-1 / 1.8)
+    assert fc.passes.interval[0] <= true_pass <= fc.passes.interval[1], (true_pass, fc.passes.interval)
 
 
 def test_forms_are_chosen_by_held_out_error_not_by_fit_so_wrong_ones_are_rejected():
@@ -77,7 +80,7 @@ def test_constant_laws_are_kept_when_nothing_changes_with_size():
     flat = runs(A_of=lambda n: 0.7, cmid_of=lambda n: 4e4, r0_of=lambda n: 0.4)
     fc = forecast_size(as_data(flat), "e")
     assert fc.choice.forms["A"] in ("constant", "log-linear") and abs(fc.A - 0.7) < 0.03
-    assert fc.A_interval[0] <= 0.7 <= fc.A_interval[1]
+    assert fc.interval("A")[0] <= 0.7 <= fc.interval("A")[1]
 
 
 def test_a_ceiling_that_stopped_rising_with_size_is_never_extrapolated_as_predictable():
@@ -85,18 +88,21 @@ def test_a_ceiling_that_stopped_rising_with_size_is_never_extrapolated_as_predic
     and large reached 0.695. The verdict names the stall; a ceiling still rising does not trip it."""
     peaked = runs(A_of=lambda n: A_of(min(n, N["c"])) - 0.04 * (n > N["c"]))  # d below c, e lower still
     fc = forecast_size(as_data(peaked), "e")
-    assert not fc.predictable
-    assert any(r.startswith("the ceiling stopped rising with size: d's A") for r in fc.reasons), fc.reasons
+    assert not fc.verdict.predictable
+    reasons = fc.verdict.reasons
+    assert any(r.startswith("the ceiling stopped rising with size: d's A") for r in reasons), reasons
     rising = forecast_size(as_data(runs()), "e")
-    assert not any("stopped rising" in r for r in rising.reasons), rising.reasons
+    assert not any("stopped rising" in r for r in rising.verdict.reasons), rising.verdict.reasons
     flat = forecast_size(as_data(runs(A_of=lambda n: 0.7, cmid_of=lambda n: 4e4, r0_of=lambda n: 0.4)), "e")
-    assert flat.predictable and not any("stopped rising" in r for r in flat.reasons), flat.reasons  # level
+    assert flat.verdict.predictable and not any("stopped rising" in r for r in flat.verdict.reasons), (
+        flat.verdict
+    )  # level
 
 
 def test_a_size_without_runs_is_forecast_from_its_parameter_count_and_base_model():
     data = as_data(runs(sizes={k: v for k, v in N.items() if k != "e"}))
     fc = forecast_size(data, "e", params=N["e"], r0=r0_of(N["e"]), n_seeds=3)
-    assert fc.actual is None and fc.A_interval[0] <= A_of(N["e"]) <= fc.A_interval[1]
+    assert fc.actual is None and fc.interval("A")[0] <= A_of(N["e"]) <= fc.interval("A")[1]
     assert fc.curve[0] == pytest.approx(r0_of(N["e"]))
     before = as_data(runs().query("size != 'e' or compute == 0"))  # e's base model evaluated, no RL yet
     fc = forecast_size(before, "e")
@@ -151,15 +157,27 @@ def test_the_forecast_is_written_as_data_to_commit_before_the_size_runs(tmp_path
     [
         (lambda df: df[df["size"].isin(["a", "b", "e"])], [], r"2 size\(s\) besides 'e': forecasting one size needs"),
         (lambda df: df.drop(columns="parameters"), [], "no column 'parameters': each row needs its size's parameter"),
-        (lambda df: df.assign(parameters=df["parameters"].where(df["size"] != "b", 0.46e6)), [],
-         "sizes 'a' and 'b' have the same parameter count"),
-        (lambda df: df.assign(parameters=df["parameters"].where(df.index != 0, 1.0)), [],
-         "size 'a' has more than one parameter count"),
+        (
+            lambda df: df.assign(parameters=df["parameters"].where(df["size"] != "b", 0.46e6)),
+            [],
+            "sizes 'a' and 'b' have the same parameter count",
+        ),
+        (
+            lambda df: df.assign(parameters=df["parameters"].where(df.index != 0, 1.0)),
+            [],
+            "size 'a' has more than one parameter count",
+        ),
         (lambda df: df, ["--holdout", "huge"], "--holdout 'huge' is not a size of"),
-        (lambda df: df.assign(**{"val/mean_at_16": df["val/mean_at_16"].where(df["size"] != "b", 0.5)}), [],
-         "size 'b': no sigmoid gain is identifiable"),
-        (lambda df: df.assign(**{"val/mean_at_16": df["val/mean_at_16"].where(df.index != 3, 1.5)}), [],
-         "line 5: column 'val/mean_at_16' \\(1.5\\) lies outside \\[0, 1\\]"),
+        (
+            lambda df: df.assign(**{"val/mean_at_16": df["val/mean_at_16"].where(df["size"] != "b", 0.5)}),
+            [],
+            "size 'b': no sigmoid gain is identifiable",
+        ),
+        (
+            lambda df: df.assign(**{"val/mean_at_16": df["val/mean_at_16"].where(df.index != 3, 1.5)}),
+            [],
+            "line 5: column 'val/mean_at_16' \\(1.5\\) lies outside \\[0, 1\\]",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_naming_the_fix(tmp_path, capsys, edit, args, message):
@@ -174,3 +192,56 @@ def test_bad_input_is_one_error_line_naming_the_fix(tmp_path, capsys, edit, args
 def test_two_sizes_with_no_parameter_count_are_refused():
     with pytest.raises(FitError, match="parameters = 0"):
         size_data({"a": (0, [0, 1], [0.1, 0.2], None)})
+
+
+def test_a_size_forecast_is_read_as_any_forecast_is_and_is_complete_when_built():
+    """Issue 61: ``SizeForecast`` had its own ``predictable``/``reasons``, ``band_at`` and ``A_interval`` beside the
+    ``Forecast`` interface. Now a caller holding a forecast fitted over compute or one across sizes reads both the
+    same way: the verdict a ``Verdict``, the band, the draws, A's interval and the record; nothing is filled in
+    after it is built."""
+    from scalefit import fit_and_forecast
+    from scalefit.prediction import CurveForecast, Verdict
+
+    data = as_data(runs())
+    own = data["e"]
+    c, v, k = own.mean_curve()
+    size = forecast_size(data, "e")
+    _, single = fit_and_forecast(own.compute, own.value, runs=own.seed)
+    for fc in (single, size):
+        assert isinstance(fc, CurveForecast) and isinstance(fc.verdict, Verdict), type(fc)
+        lo, hi = fc.prediction_band(c[1:], 3)
+        assert lo.shape == hi.shape == (len(c) - 1,) and (lo <= hi).all()
+        assert fc.prediction_draws(c[1:], 3).shape[1] == len(c) - 1 and fc.mean_draws(c[1:]).shape[1] == len(c) - 1
+        a_lo, a_hi = fc.interval("A")
+        assert a_lo <= float(np.median(fc.mean_draws([1e12])[:, 0])) <= a_hi + 1e-9  # far out, the curve is at A
+        assert json.loads(json.dumps(fc.to_dict(), default=str))
+    assert (
+        size.verdict.predictable == size.to_dict()["predictable"] and size.verdict.reasons == size.to_dict()["reasons"]
+    )
+    assert size.interval("A") == tuple(size.to_dict()["A_interval"])
+    lo, hi = size.prediction_band(c, k)  # the band the actual is scored against: of its own seeds at each compute
+    inside = ((v >= lo) & (v <= hi))[c > 0].mean()
+    assert size.actual["band_coverage"] == pytest.approx(inside)
+    np.testing.assert_allclose(size.point(size.compute), size.curve)
+    with pytest.raises(AttributeError):
+        size.verdict = Verdict(True, [])  # built whole, never amended
+
+
+def test_the_sizes_room_reads_its_csv_without_the_command_line(tmp_path):
+    """Issue 61: ``scalefit/sizes.py`` imported ``read_curves`` from ``scalefit.cli``, which imported it back for
+    its ``sizes`` subcommand: a circle. The room reads a curves CSV, fits and forecasts with the command line
+    never imported; the command line imports the room."""
+    import subprocess
+    import sys
+
+    df = runs().rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})
+    df.to_csv(tmp_path / "c.csv", index=False)
+    code = (
+        "import sys; from scalefit.sizes import read_sizes, forecast_size; "
+        f"d = read_sizes({str(tmp_path / 'c.csv')!r}, 'compute/samples', 'val/mean_at_16'); "
+        "assert forecast_size(d, 'e', n_draws=50).A > 0; "
+        "assert 'scalefit.cli' not in sys.modules, 'the sizes room imported the command line'; "
+        "import scalefit.cli; assert 'scalefit.sizes.command' in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr

@@ -7,42 +7,24 @@ each build is fitted alone on its seeds and the size's A, log C_mid, log B and R
 builds, each with the between-build standard error (sd across builds / sqrt(builds)), floored by
 what the builds' own seeds leave. The forecast of a size carries one build's spread of A, pooled over
 the fitted sizes that hold several builds, or where none does the value measured at micro, named as
-such. ``size_trend`` restates the ceilings across neighbouring sizes with intervals that include it,
-and where two do not separate, how many builds per size would.
+such (``fits.combine_builds`` makes a size's fit from its builds'). ``size_trend`` restates the ceilings
+across neighbouring sizes with intervals that include it, and where two do not separate, how many builds
+per size would.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy.special import ndtri
 
-if TYPE_CHECKING:
-    from scalefit.sizes import SizeFit
+from scalefit.sizes.fits import SizeFit
 
 SIGMA_BUILD_A = 0.10  # A's sd between builds measured at micro (results/builds-gpu: 0.102 over 3 builds)
 SIGMA_BUILD_SOURCE = "measured at micro, results/builds-gpu"
 SEPARATE_AT = 2.8  # a difference resolved when its se is at most |difference| / 2.8 (80% power at 5%, two-sided)
 MAX_BUILDS = 50  # beyond this many builds per size a gap is reported as too small to resolve with builds
-
-
-def combine_builds(builds: list[SizeFit]) -> SizeFit:
-    """One size's fit from its builds' fits (each on its own seeds): each parameter the mean over builds,
-    its spread the between-build standard error, at least what the builds' own spreads leave."""
-    nb = len(builds)
-    theta = {p: float(np.mean([b.theta[p] for b in builds])) for p in builds[0].theta}
-    sd = {}
-    for p in builds[0].sd:
-        between = float(np.std([b.theta[p] for b in builds], ddof=1)) / np.sqrt(nb)
-        within = float(np.sqrt(np.mean([b.sd[p] ** 2 for b in builds]) / nb))
-        sd[p] = max(between, within, 1e-3)
-    resid = float(np.sqrt(np.mean([b.resid_sd**2 for b in builds])))
-    return dataclasses.replace(
-        builds[0], theta=theta, sd=sd, resid_sd=resid, n_seeds=sum(b.n_seeds for b in builds),
-        curvature_sd={}, b_slope={}, b_sd=0.0, build="", n_builds=nb, build_fits=list(builds),
-    )  # fmt: skip
 
 
 def build_sd_of_a(fits: list[SizeFit]) -> tuple[float, str, int]:

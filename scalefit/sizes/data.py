@@ -1,0 +1,106 @@
+"""A scale study's curves: each size's parameter count and every evaluation (``SizeData``), from a mapping
+(``size_data``) or a curves CSV (``read_sizes``), checked with one line naming the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scalefit.curves_csv import read_curves
+from scalefit.errors import FitError
+
+
+@dataclass
+class SizeData:
+    """One size's runs: its parameter count and every evaluation (compute, value, seed, and the base-model
+    build its run started from, where recorded)."""
+
+    params: float
+    compute: np.ndarray
+    value: np.ndarray
+    seed: np.ndarray
+    build: np.ndarray | None = None
+
+    def mean_curve(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The seeds' mean at each compute with how many seeds it averages (evaluations at one compute)."""
+        df = pd.DataFrame({"c": self.compute, "v": self.value}).groupby("c")["v"].agg(["mean", "size"])
+        return df.index.to_numpy(float), df["mean"].to_numpy(float), df["size"].to_numpy(float)
+
+    @property
+    def n_seeds(self) -> int:
+        """Its runs: distinct seeds, of each build where there are several."""
+        if self.n_builds < 2:
+            return len(np.unique(self.seed))
+        return len({(str(b), str(s)) for b, s in zip(self.build, self.seed, strict=True)})
+
+    @property
+    def n_builds(self) -> int:
+        return 1 if self.build is None else len(np.unique(self.build))
+
+    def by_build(self) -> dict[str, SizeData]:
+        """Each build's runs alone, in the order of their labels."""
+        if self.build is None:
+            return {"": self}
+        out = {}
+        for b in np.unique(self.build):
+            m = self.build == b
+            out[str(b)] = SizeData(self.params, self.compute[m], self.value[m], self.seed[m])
+        return out
+
+    def r0(self) -> float | None:
+        """The base model's value (evaluations at compute 0), or None when it has none."""
+        at0 = self.compute == 0
+        return float(self.value[at0].mean()) if at0.any() else None
+
+
+def size_data(curves: Mapping[str, tuple]) -> dict[str, SizeData]:
+    """{size: (parameters, compute, value, seed[, build])} as ``SizeData``, checked: one line naming the fix.
+    A build of None (or one label) is one build."""
+    if not curves:
+        raise FitError("no sizes: the curves need a size and a parameters column, one size per model")
+    out = {}
+    for name, (n, c, v, s, *b) in curves.items():
+        if not np.isfinite(n) or n <= 0:
+            raise FitError(f"size {name!r}: parameters = {n!r}; give each size its parameter count (> 0)")
+        c, v = np.asarray(c, float), np.asarray(v, float)
+        build = None if not b or b[0] is None else pd.Series(b[0]).fillna("").astype(str).to_numpy()
+        build = build if build is not None and len(np.unique(build)) > 1 else None
+        out[name] = SizeData(float(n), c, v, np.asarray(s if s is not None else np.zeros(len(c))), build)
+    by_n: dict[float, str] = {}
+    for name, d in out.items():
+        if d.params in by_n:
+            raise FitError(
+                f"sizes {by_n[d.params]!r} and {name!r} have the same parameter count {d.params:g}: one is a "
+                "duplicate; give each size its own count, or join their runs under one name"
+            )
+        by_n[d.params] = name
+    return dict(sorted(out.items(), key=lambda kv: kv[1].params))
+
+
+def read_sizes(
+    path: str, x: str, y: str, size_col: str = "size", params_col: str = "parameters", build_col: str = "build"
+) -> dict[str, SizeData]:
+    """A curves CSV with a size and a parameters column (as ``python -m analysis fit`` writes a scale
+    campaign's), its seeds in ``seed`` and, where there, each run's base-model build in ``build_col``:
+    every row checked as ``scalefit fit`` checks them."""
+    df = pd.read_csv(path) if Path(path).is_file() else None
+    if df is not None and params_col not in df.columns:
+        raise FitError(f"{path}: no column {params_col!r}: each row needs its size's parameter count "
+                       f"(`python -m analysis fit CAMPAIGN` writes it for a scale campaign)")  # fmt: skip
+    curves = read_curves(path, x, y, size_col, "seed" if df is not None and "seed" in df.columns else None)
+    if size_col not in df.columns:
+        raise FitError(f"{path}: no column {size_col!r}: each row needs the size of the model that made it")
+    n = df.groupby(df[size_col].astype(str))[params_col].agg(["min", "max"])
+    varies = n[n["min"] != n["max"]]
+    if len(varies):
+        raise FitError(f"{path}: size {varies.index[0]!r} has more than one parameter count; one per size")
+    builds = (
+        {str(k): g[build_col].fillna("").astype(str).to_numpy() for k, g in df.groupby(size_col, sort=False)}
+        if build_col in df.columns
+        else {}
+    )
+    return size_data({k: (float(n.loc[k, "min"]), c, v, s, builds.get(k)) for k, (c, v, s) in curves.items()})

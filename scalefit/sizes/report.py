@@ -1,0 +1,106 @@
+"""The across-size forecast in words (``forecast_lines``: per size, the laws, the forecast and its verdict,
+its own runs against it, the size trend) and as a plot (``plot_sizes``); as data it is its ``to_dict``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from scalefit.curve import sigmoid
+from scalefit.sizes.builds import builds_lines, trend_lines
+from scalefit.sizes.data import SizeData
+from scalefit.sizes.forecast import SizeForecast
+
+
+def forecast_lines(fc: SizeForecast) -> list[str]:
+    """The forecast in words and numbers."""
+    lo, hi = fc.interval("A")
+    p_lo, p_hi = fc.passes.interval
+    how = "jointly, one B for every size" if fc.joint_b else "one by one"
+    if any(f.n_builds >= 2 for f in fc.fits):
+        out = [f"per size (each build's sigmoid on its own seeds, fitted {how}; the size's parameters the mean over"
+               " its builds, ± the between-build standard error):"]  # fmt: skip
+    else:
+        out = [f"per size (the sigmoid on its seeds pooled, fitted {how}; ± from leaving out a seed):"]
+    out += [
+        f"  {f.name:<10} N {f.params / 1e6:8.3f}M  A {f.theta['A']:.3f} ±{f.sd['A']:.3f}  "
+        f"C_mid {np.exp(f.theta['logC']):.3g}  B {np.exp(f.theta['logB']):.2f}  R0 {f.theta['R0']:.3f}"
+        f"  seeds {f.n_seeds}" + (f"  builds {f.n_builds}" if f.n_builds >= 2 else "")
+        for f in fc.fits
+    ]
+    out += builds_lines(fc.fits, fc.name, fc.n_builds, fc.build_sd, fc.build_source, fc.build_applied,
+                        fc.A_interval_builds, fc.level)  # fmt: skip
+    out.append("forms across sizes (chosen by held-out error; fit quality beside it):")
+    for c in fc.choices[:6]:
+        mark = "*" if c is fc.choice else " "
+        out.append(f" {mark} held-out RMSE {c.loso_rmse:.4f}  fit RSS {c.fit_rss:9.3f}  {c.label}")
+    misfit = ", ".join(f"{p} {v:.3g}" for p, v in fc.misfit_sd.items())
+    out.append(f"misfit added (held-out, beyond the sizes' spread): {misfit}")
+    passing = (
+        f"passes {fc.passes.level:.3f} (the largest fitted size's A) at {fc.passes.compute:.3g} "
+        f"[{p_lo:.3g}, {p_hi:.3g}] ({fc.passes.share:.0%} of draws pass it)"
+        if fc.passes.share >= 0.5
+        else f"does not pass {fc.passes.level:.3f} (the largest fitted size's A) in {1 - fc.passes.share:.0%} of draws"
+    )
+    out += [
+        f"forecast of {fc.name} (N {fc.params / 1e6:.3f}M): A {fc.A:.3f} [{lo:.3f}, {hi:.3f}] ({fc.level:.0%});"
+        f" {passing}",
+        f"  {'predictable' if fc.verdict.predictable else 'not predictable'}: " + "; ".join(fc.verdict.reasons),
+    ]
+    if fc.actual is not None:
+        a = fc.actual
+        own = (
+            f"its own A {a['A']:.3f} (error {a['A_error']:+.3f},"
+            f" {'inside' if a['A_inside'] else 'outside'} the interval)"
+            if a.get("A") is not None
+            else f"its own fit failed ({a.get('note', '')})"
+        )
+        out.append(f"  actual: {own}; band holds {a['band_coverage']:.0%} of its {a['points']} evaluations")
+        if "band_coverage_by_build" in a:
+            each = ", ".join(f"{b} {v:.0%}" for b, v in a["band_coverage_by_build"].items())
+            out.append(f"  by build (each against one build's band): {each}; mean {a['band_coverage_builds_mean']:.0%}")
+    if fc.trend:
+        out += trend_lines(fc.trend)
+    return out
+
+
+def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path) -> Path:
+    """Every size's mean curve (points) and fit (line), the forecast's median and band, and the forecast
+    size's own curve drawn over it when it exists."""
+    import matplotlib  # noqa: PLC0415 - only the plot needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.cm.viridis(np.linspace(0, 0.9, len(data)))
+    by_name = {f.name: f for f in fc.fits}
+    for color, (name, d) in zip(colors, data.items(), strict=True):
+        c, v, _ = d.mean_curve()
+        label = f"{name} ({d.params / 1e6:.2g}M, {d.n_builds} build{'s' if d.n_builds > 1 else ''})"
+        if name == fc.name:
+            ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual", zorder=5)
+            continue
+        ax.plot(c, v, "o", color=color, ms=3, alpha=0.7)
+        f = by_name.get(name)
+        if f is not None:
+            grid = np.linspace(0, c.max(), 200)
+            t = f.theta
+            ax.plot(grid, sigmoid(grid, t["A"], np.exp(t["logB"]), np.exp(t["logC"]), t["R0"]), "-", color=color,
+                    label=label)  # fmt: skip
+    band = f"{fc.name}: forecast {fc.level:.0%} band"
+    ax.fill_between(fc.compute, fc.lo, fc.hi, color="crimson", alpha=0.15, label=band)
+    ax.plot(fc.compute, fc.curve, "--", color="crimson", label=f"{fc.name}: forecast, A {fc.A:.3f}")
+    ax.axhline(fc.passes.level, color="gray", lw=0.8, ls=":")
+    ax.set_xlabel("compute")
+    ax.set_ylabel("mean@16")
+    ax.set_title(f"across sizes: fits, and the forecast of {fc.name}")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
