@@ -19,7 +19,7 @@ from scalefit.errors import FitError
 from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
 from scalefit.grids import parse_grid
 from scalefit.model import CurveFit, CurveModel
-from scalefit.models import MODEL_NAMES, make_model
+from scalefit.models import make_model, model_names
 from scalefit.outputs import check_writable, write_json
 
 Curves = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]
@@ -119,7 +119,7 @@ def _summary(name: str, f: CurveFit, fc: Forecast | None, extra: dict[str, Any])
         lo, hi = fc.interval(p)
         return f"  [{lo:.4g}, {hi:.4g}] ({fc.level:.0%} interval, correlated bootstrap)"
 
-    r0 = f", R0 = {f.R0:.3f}" if hasattr(f, "R0") else ""
+    r0 = f", R0 = {f.start_level:.3f}" if f.start_level is not None else ""
     lines = [
         f"{name}: {f.name} model, {f.n_points} points fitted, compute {f.compute.min():.4g}..{f.compute.max():.4g}{r0}",
         *(f"  {p:<7}{v:{'.3f' if p in ('A', 'B') else '.4g'}}{iv(p)}" for p, v in f.params.items()),
@@ -304,7 +304,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit-upto", type=float, metavar="C", help="fit only points with compute <= C; report error beyond")
     p.add_argument(
         "--model",
-        choices=MODEL_NAMES,
+        choices=model_names(),
         default="sigmoid",
         help="the curve fitted: sigmoid (ScaleRL's, the default) or power_law (A - D/C^B, the paper's comparison "
         "form, App. A.7: compared on predicted values at the budget, its A being no identified ceiling)",
