@@ -552,7 +552,8 @@ def _predicted_end(f: CurveFit, fc: Forecast, end: _End, k: int) -> dict[str, An
     evaluation, and of the last k where the model has a noise estimate for them) with z."""
     pred = float(f.predict(np.array([end.x]))[0])
     pred_k = float(f.predict(end.x_tail).mean())
-    cells: dict[str, Any] = dict(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - end.observed)
+    a_half = f.params.get(f.parameters.asymptote, np.nan)  # the ceiling (the power law's A) fitted on half
+    cells: dict[str, Any] = dict(A_half=a_half, predicted=pred, error=pred - end.observed)
     cells[f"predicted_last{k}"] = pred_k
     cells[f"error_last{k}"] = pred_k - end.observed_k
     lo, hi = fc.target_band([end.x], end.seeds)

@@ -96,8 +96,7 @@ def _model(args: argparse.Namespace) -> CurveModel:
         cmid = parse_grid(cmid, name="--cmid-grid", kind="count")
     a_grid = parse_grid(args.a_grid, name="--a-grid", kind="step") if args.a_grid else None
     given = dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
-    model = make_model(args.model, **given)
-    takes = model.get_params()
+    takes = make_model(args.model).get_params()  # refused in the options' words before make_model's
     foreign = [_option(k) for k, v in given.items() if v is not None and k not in takes]
     if foreign:
         own = ", ".join(_option(k) for k in given if k in takes)
@@ -105,7 +104,7 @@ def _model(args: argparse.Namespace) -> CurveModel:
             f"{', '.join(foreign)}: not a setting of the {args.model} model (its options: {own}); "
             "leave it out, or fit another --model"
         )
-    return model
+    return make_model(args.model, **given)
 
 
 def _option(setting: str) -> str:

@@ -334,19 +334,20 @@ def separate(
         later_interval=(l_lo, l_hi),
         same_ceiling_delta=ds_point,
         same_ceiling_interval=(ds_lo, ds_hi),
-        separating_compute=separating_compute(variant.fit, baseline.fit, budget, margin),
+        separating_compute=separating_compute(pv, pb, budget, margin, (fv, fb)),
         margin=margin,
         budget=budget,
     )
 
 
-def separating_compute(fv, fb, budget: float, margin: float) -> float | None:
-    """The least compute from ``budget`` on at which the variant (fit ``fv``), read as only slower (the
-    baseline's ceiling, its own efficiency), comes within half the margin of the baseline (fit ``fb``):
-    measured there, a slower variant reads "no difference" and a lower one stays ``|ΔA|`` below. None
-    where the fitted ceilings lie within the margin (nothing to separate) or the readings meet only
-    past ``SEPARATION_REACH`` budgets."""
-    pv, pb = fv.parameters.values[None, :], fb.parameters.values[None, :]
+def separating_compute(pv: np.ndarray, pb: np.ndarray, budget: float, margin: float, fits) -> float | None:
+    """The least compute from ``budget`` on at which the variant (parameters ``pv``, a row in its fit's
+    declared order; ``fits``: the variant's and the baseline's fits, whose curves and declarations
+    are read), read as only slower (the baseline's ceiling, its own efficiency), comes within half
+    the margin of the baseline (``pb``): measured there, a slower variant reads "no difference" and a
+    lower one stays ``|ΔA|`` below. None where the fitted ceilings lie within the margin (nothing to
+    separate) or the readings meet only past ``SEPARATION_REACH`` budgets."""
+    fv, fb = fits
     iv, ib = _ceiling(fv), _ceiling(fb)
     if abs(float(pv[0, iv] - pb[0, ib])) <= margin:
         return None
