@@ -169,11 +169,10 @@ def documented_model(tmp_path: Path, monkeypatch):
     as it was afterwards."""
     monkeypatch.setattr(scalefit, "__path__", [*scalefit.__path__, str(_documented_model(tmp_path))])
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(models, "_scanned", False)
     monkeypatch.delitem(sys.modules, "scalefit.model_exp", raising=False)
-    models.registered(rescan=True)
-    yield models.MODELS["exp"]
+    yield
     sys.modules.pop("scalefit.model_exp", None)
-    models.registered(rescan=True)
 
 
 def test_the_documented_model_runs_the_loo_path(tmp_path: Path, documented_model):
