@@ -35,8 +35,9 @@ def to_markdown(table: pd.DataFrame) -> str:
     if (base := builds.line(table)) is not None:
         lines += [base[0].upper() + base[1:] + ".", ""]
     fitted = table.get("model", pd.Series(dtype=object)).dropna()
-    names = make_model(fitted.iloc[0] if len(fitted) else "sigmoid").param_names  # the table's columns
-    heads = ["A [interval]" if p == "A" and "A_lo" in table else p for p in names]
+    model = make_model(fitted.iloc[0] if len(fitted) else "sigmoid")
+    names, top = model.param_names, model.parameters.asymptote  # the table's columns; A_lo/A_hi are top's
+    heads = [f"{p} [interval]" if p == top and "A_lo" in table else p for p in names]
     lines += [
         f"| variant | {' | '.join(heads)} | final mean@16 (last " + str(k) + ") | predictable? "
         "| verdict vs baseline | call at half the budget → at the budget | measured at the budget (95%, seeds; "
@@ -55,22 +56,23 @@ def to_markdown(table: pd.DataFrame) -> str:
         if not pd.isna(r.get("resolvable", np.nan)):
             res = f"{r['resolvable']:.3f} ({r['resolvable_last_k']:.3f})"
         lines.append(
-            f"| {r['variant']} | {' | '.join(_param_cells(r, names))} | {_final_cell(r, k)} | {pred} | {verdict} | "
+            f"| {r['variant']} | {' | '.join(_param_cells(r, names, top))} | {_final_cell(r, k)} | {pred} "
+            f"| {verdict} | "
             f"{_calls_cell(r)} | {measured} | {half} | {res} |"
         )
     return "\n".join(lines) + "\n"
 
 
-def _param_cells(r: pd.Series, names: list[str]) -> list[str]:
-    """A row's parameter cells (A with its interval, a grid edge or a bound marked); with no fit, the
-    first one says why."""
+def _param_cells(r: pd.Series, names: list[str], top: str | None = "A") -> list[str]:
+    """A row's parameter cells (the ceiling or asymptote ``top`` with its interval, a grid edge or a
+    bound marked); with no fit, the first one says why."""
     cells = []
     for p in names:
-        if p == "A":
+        if p == top:
             a = (
-                f"{r['A']:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
-                if "A" in r and not pd.isna(r.get("A")) and not pd.isna(r.get("A_lo"))
-                else (f"{r['A']:.3f}" + (" (no band)" if "A_lo" in r else "") if not pd.isna(r.get("A")) else "")
+                f"{r[p]:.3f} [{r['A_lo']:.3f}, {r['A_hi']:.3f}]"
+                if p in r and not pd.isna(r.get(p)) and not pd.isna(r.get("A_lo"))
+                else (f"{r[p]:.3f}" + (" (no band)" if "A_lo" in r else "") if not pd.isna(r.get(p)) else "")
             )
             cells.append(a + (" (grid edge)" if r.get("a_at_edge") is True else ""))
         elif p == "B":

@@ -170,24 +170,28 @@ def variant_row(variant: str, g: pd.DataFrame, model: Model, settings: FitSettin
 
 def _fit_cells(g: pd.DataFrame, f: Any, fc: Forecast, settings: FitSettings) -> tuple[FitCells, str]:
     """A fitted variant's cells (parameters, intervals, verdict, per-seed spread of A) and its note."""
+    prior, pool_note = f.pooling()
+    ceiling = f.parameters.ceiling
     cells = FitCells(
         model=f.name,
         params=dict(f.params),
-        a_interval=fc.interval("A") if f.has_asymptote else None,
-        R0=getattr(f, "R0", np.nan),
+        a_interval=fc.interval(ceiling) if ceiling is not None else None,
+        R0=np.nan if f.start_level is None else f.start_level,
         sse=f.sse,
-        a_at_edge=getattr(f, "a_at_edge", False),
-        b_at_bound=getattr(f, "b_at_bound", False) or any(r.startswith("B =") for r in f.not_identified),
-        pooled=_pooled_label(f),
+        a_at_edge=f.ceiling_at_edge,
+        b_at_bound=f.efficiency_at_bound,
+        pooled=_pooled_label(prior, pool_note),
         predictable=fc.verdict.predictable,
         predictability=fc.verdict.text(),
         expected_error=fc.expected_error,
     )
-    note = "; ".join(filter(None, [*f.warnings, getattr(f, "pool_note", "")]))
-    if g["seed"].nunique() > 1 and f.name == "sigmoid":  # the paper's run-to-run spread of A
+    note = "; ".join(filter(None, [*f.warnings, pool_note]))
+    if g["seed"].nunique() > 1 and ceiling is not None:  # the paper's run-to-run spread of the ceiling
         try:
             per_seed = {s: (gs[settings.x], gs[MEAN_AT_16]) for s, gs in g.groupby("seed")}
-            spread = seed_spread(per_seed, exclude_below=settings.exclude_below, a_grid=settings.a_values).to_dict()
+            spread = seed_spread(
+                per_seed, model=f.name, exclude_below=settings.exclude_below, a_grid=settings.a_values
+            ).to_dict()
             cells = replace(cells, a_seed_half_range=spread["A_half_range"])
         except FitError as e:  # the pooled fit stands; one seed alone (e.g. a flat one) has no sigmoid
             note = "; ".join(filter(None, [note, f"no per-seed A spread: {e}"]))
@@ -213,12 +217,10 @@ def _against_baseline(table: pd.DataFrame, model: Model, margin: float) -> pd.Da
     return table
 
 
-def _pooled_label(f: Any) -> str:
+def _pooled_label(prior: Any, note: str) -> str:
     """How a variant's B was fitted: pooled with the campaign's, alone (and why), or on its own."""
-    prior = getattr(f, "prior", None)
     if prior is not None:
         return f"pooled (campaign B {prior.B:.2f})"
-    note = getattr(f, "pool_note", "")
     return f"alone: {note}" if note else "alone"
 
 
@@ -550,7 +552,8 @@ def _predicted_end(f: CurveFit, fc: Forecast, end: _End, k: int) -> dict[str, An
     evaluation, and of the last k where the model has a noise estimate for them) with z."""
     pred = float(f.predict(np.array([end.x]))[0])
     pred_k = float(f.predict(end.x_tail).mean())
-    cells: dict[str, Any] = dict(A_half=f.params.get("A", np.nan), predicted=pred, error=pred - end.observed)
+    a_half = f.params.get(f.parameters.asymptote, np.nan)  # the ceiling (the power law's A) fitted on half
+    cells: dict[str, Any] = dict(A_half=a_half, predicted=pred, error=pred - end.observed)
     cells[f"predicted_last{k}"] = pred_k
     cells[f"error_last{k}"] = pred_k - end.observed_k
     lo, hi = fc.target_band([end.x], end.seeds)

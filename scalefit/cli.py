@@ -17,7 +17,7 @@ from scalefit.errors import FitError
 from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
 from scalefit.grids import parse_grid
 from scalefit.model import CurveFit, CurveModel
-from scalefit.models import MODEL_NAMES, make_model
+from scalefit.models import make_model, model_names
 from scalefit.outputs import check_writable, write_json
 from scalefit.sizes.command import add_parser as add_sizes
 
@@ -30,8 +30,7 @@ def _model(args: argparse.Namespace) -> CurveModel:
         cmid = parse_grid(cmid, name="--cmid-grid", kind="count")
     a_grid = parse_grid(args.a_grid, name="--a-grid", kind="step") if args.a_grid else None
     given = dict(r0=args.r0, exclude_below=args.exclude_below, fit_upto=args.fit_upto, a_grid=a_grid, cmid_grid=cmid)
-    model = make_model(args.model, **given)
-    takes = model.get_params()
+    takes = make_model(args.model).get_params()  # refused in the options' words before make_model's
     foreign = [_option(k) for k, v in given.items() if v is not None and k not in takes]
     if foreign:
         own = ", ".join(_option(k) for k in given if k in takes)
@@ -39,7 +38,7 @@ def _model(args: argparse.Namespace) -> CurveModel:
             f"{', '.join(foreign)}: not a setting of the {args.model} model (its options: {own}); "
             "leave it out, or fit another --model"
         )
-    return model
+    return make_model(args.model, **given)
 
 
 def _option(setting: str) -> str:
@@ -53,7 +52,7 @@ def _summary(name: str, f: CurveFit, fc: Forecast | None, extra: dict[str, Any])
         lo, hi = fc.interval(p)
         return f"  [{lo:.4g}, {hi:.4g}] ({fc.level:.0%} interval, correlated bootstrap)"
 
-    r0 = f", R0 = {f.R0:.3f}" if hasattr(f, "R0") else ""
+    r0 = f", R0 = {f.start_level:.3f}" if f.start_level is not None else ""
     lines = [
         f"{name}: {f.name} model, {f.n_points} points fitted, compute {f.compute.min():.4g}..{f.compute.max():.4g}{r0}",
         *(f"  {p:<7}{v:{'.3f' if p in ('A', 'B') else '.4g'}}{iv(p)}" for p, v in f.params.items()),
@@ -238,7 +237,7 @@ def _add_fit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fit-upto", type=float, metavar="C", help="fit only points with compute <= C; report error beyond")
     p.add_argument(
         "--model",
-        choices=MODEL_NAMES,
+        choices=model_names(),
         default="sigmoid",
         help="the curve fitted: sigmoid (ScaleRL's, the default) or power_law (A - D/C^B, the paper's comparison "
         "form, App. A.7: compared on predicted values at the budget, its A being no identified ceiling)",

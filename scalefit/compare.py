@@ -7,9 +7,12 @@ identified optimum, and a fit whose forecast is "not yet predictable" cannot be 
 beyond its data: either gives the verdict ``undecided`` with the reason, never a winner.
 With forecasts, the difference in A must also clear the bootstrap noise of both fits.
 
-A model without an identified asymptote (``CurveFit.has_asymptote`` False: the power law) has
-no A to compare: the two fits' predicted values at the budget are compared with the same margin
-(rule ``value``), and the verdict says so.
+The rule reads each model's declaration (``CurveFit.parameters``), never its parameter names: A
+is the declared ceiling, B the first declared efficiency parameter (higher: more compute-efficient),
+and the refit at the shared ceiling holds it fixed (``CurveFit.refit_fixed``). A model without a
+ceiling the data identify (``CurveFit.has_asymptote`` False: the power law) has none to compare:
+the two fits' predicted values at the budget are compared with the same margin (rule ``value``),
+and the verdict says so.
 """
 
 from __future__ import annotations
@@ -76,8 +79,7 @@ def compare_fits(
     reason when either fit cannot support one). ``budget``: where fits without an asymptote are
     compared (default the largest compute either curve has)."""
     nb, nc = names
-    a1, a2 = baseline.params.get("A", np.nan), candidate.params.get("A", np.nan)
-    b1, b2 = baseline.params.get("B", np.nan), candidate.params.get("B", np.nan)
+    (a1, b1), (a2, b2) = _ceiling_and_efficiency(baseline), _ceiling_and_efficiency(candidate)
     fb, fcand = forecasts if forecasts is not None else (None, None)
     why = _unfit_reasons(nb, baseline, fb) + _unfit_reasons(nc, candidate, fcand)
     if why:
@@ -86,9 +88,11 @@ def compare_fits(
     if not (baseline.has_asymptote and candidate.has_asymptote):
         return _compare_at_budget(baseline, candidate, margin, names, forecasts, budget)
     delta = None
+    ceiling, efficiency = baseline.parameters.ceiling, baseline.parameters.efficiency[0]
     if fb is not None and fcand is not None:
         k = min(len(fb.samples), len(fcand.samples))
-        delta = interval_holding(fcand.samples[:k, 0] - fb.samples[:k, 0], a2 - a1, fb.level)
+        i, j = baseline.sample_names.index(ceiling), candidate.sample_names.index(candidate.parameters.ceiling)
+        delta = interval_holding(fcand.samples[:k, j] - fb.samples[:k, i], a2 - a1, fb.level)
     if abs(a1 - a2) > margin:
         winner = nb if a1 > a2 else nc
         verdict = (
@@ -98,19 +102,28 @@ def compare_fits(
         if delta is not None and delta[0] <= 0.0 <= delta[1]:
             verdict += f", but ΔA's {fb.level:.0%} interval [{delta[0]:+.3f}, {delta[1]:+.3f}] holds 0: not significant"
             winner = "tie"
-        return Comparison(nb, nc, a1, a2, "A", winner, baseline.B, candidate.B, None, verdict, delta)
+        return Comparison(nb, nc, a1, a2, "A", winner, b1, b2, None, verdict, delta)
     shared = float(np.mean([a1, a2]))
-    f1, f2 = baseline.refit(a_grid=[shared]), candidate.refit(a_grid=[shared])
-    if abs(f1.B - f2.B) <= b_tolerance:
+    f1, f2 = baseline.refit_fixed(ceiling, shared), candidate.refit_fixed(candidate.parameters.ceiling, shared)
+    e1, e2 = f1.params[efficiency], f2.params[candidate.parameters.efficiency[0]]
+    if abs(e1 - e2) <= b_tolerance:
         winner, how = "tie", "equally compute-efficient"
     else:
-        winner = nb if f1.B > f2.B else nc
+        winner = nb if e1 > e2 else nc
         how = f"{winner} is more compute-efficient"
     verdict = (
-        f"same asymptote within ±{margin} (A {a1:.3f} vs {a2:.3f}); refitted at shared A = {shared:.4f}: "
-        f"B {f1.B:.2f} ({nb}) vs {f2.B:.2f} ({nc}) → {how}"
+        f"same asymptote within ±{margin} ({ceiling} {a1:.3f} vs {a2:.3f}); "
+        f"refitted at shared {ceiling} = {shared:.4f}: "
+        f"{efficiency} {e1:.2f} ({nb}) vs {e2:.2f} ({nc}) → {how}"
     )
-    return Comparison(nb, nc, a1, a2, "B", winner, f1.B, f2.B, shared, verdict, delta)
+    return Comparison(nb, nc, a1, a2, "B", winner, e1, e2, shared, verdict, delta)
+
+
+def _ceiling_and_efficiency(f: CurveFit) -> tuple[float, float]:
+    """The fit's ceiling (else its asymptote) and its compared efficiency parameter (NaN: none)."""
+    declared, params = f.parameters, f.params
+    top, eff = declared.asymptote, declared.efficiency
+    return params.get(top, np.nan) if top else np.nan, params.get(eff[0], np.nan) if eff else np.nan
 
 
 def _compare_at_budget(
@@ -127,8 +140,7 @@ def _compare_at_budget(
     if budget is None:
         budget = float(max(baseline.inputs[0].max(), candidate.inputs[0].max()))
     v1, v2 = (float(f.predict(np.array([budget]))[0]) for f in (baseline, candidate))
-    a1, a2 = baseline.params.get("A", np.nan), candidate.params.get("A", np.nan)
-    b1, b2 = baseline.params.get("B", np.nan), candidate.params.get("B", np.nan)
+    (a1, b1), (a2, b2) = _ceiling_and_efficiency(baseline), _ceiling_and_efficiency(candidate)
     delta = None
     if forecasts is not None:
         fb, fc = forecasts

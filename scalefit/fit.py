@@ -28,6 +28,7 @@ from scalefit.errors import FitError
 from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
 from scalefit.lm import batched_lm
 from scalefit.model import CurveFit, CurveModel
+from scalefit.parameters import CEILING, EFFICIENCY, START, Parameter, Parameters
 
 B_BOUNDS = (1e-3, 50.0)
 CHUNK_FLOATS = 4_000_000  # floats per temporary array (32 MB): bounds memory for any n
@@ -70,13 +71,39 @@ class SigmoidFit(CurveFit):
     sample_names: ClassVar[tuple[str, ...]] = ("A", "B", "C_mid", "R0")
 
     @property
+    def parameters(self) -> Parameters:
+        """A, B, C_mid and R0 at their fitted values, A and C_mid over the grids searched."""
+        a, cm = self.a_grid, self.cmid_grid
+        return Parameters(
+            Parameter("A", self.A, float(a.min()), float(a.max()), CEILING, vary=len(a) > 1),
+            Parameter("B", self.B, *B_BOUNDS, EFFICIENCY),
+            Parameter("C_mid", self.C_mid, float(cm.min()), float(cm.max()), EFFICIENCY, vary=len(cm) > 1),
+            Parameter("R0", self.R0, 0.0, 1.0, START, vary=False),
+        )
+
+    @property
+    def ceiling_at_edge(self) -> bool:
+        return self.a_at_edge
+
+    @property
+    def efficiency_at_bound(self) -> bool:
+        return self.b_at_bound
+
+    def compute_at_share(self, samples: np.ndarray, share: np.ndarray) -> np.ndarray:
+        """The sigmoid's own inverse: C_mid (share / (1 - share))^(1 / B) (inf at a share of 1 or more)."""
+        b, cm = samples[:, 1], samples[:, 2]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            c = cm * (share / (1 - share)) ** (1 / b)
+        return np.where((share > 0) & (share < 1), c, np.inf)
+
+    @property
     def polished(self) -> bool:
-        return bool(getattr(self.model, "polish_optimum", True))
+        return self.model is None or bool(self.model.polish_optimum)
 
     @property
     def cmid_auto(self) -> bool:
         """The C_mid grid is scaled to the data (a prefix refit scales it again)."""
-        grid = getattr(self.model, "cmid_grid", None)
+        grid = None if self.model is None else self.model.cmid_grid
         return grid is None or (isinstance(grid, str) and grid == "auto")
 
     @property
@@ -365,6 +392,13 @@ class SigmoidModel(CurveModel):
 
     name = "sigmoid"
     param_names = SigmoidFit.param_names
+    parameters = Parameters(
+        Parameter("A", np.nan, float(PAPER_A_GRID.min()), float(PAPER_A_GRID.max()), CEILING),
+        Parameter("B", np.nan, *B_BOUNDS, EFFICIENCY),
+        Parameter("C_mid", np.nan, 0.0, np.inf, EFFICIENCY),
+        Parameter("R0", np.nan, 0.0, 1.0, START, vary=False),
+    )
+    pools = True
 
     def __init__(
         self,

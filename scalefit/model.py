@@ -14,9 +14,16 @@ Two halves, in the spirit of scikit-learn estimators:
   and, for the correlated bootstrap, ``refit_batch(y_draws)`` (many simulated data sets refitted
   at once, the model's own vectorised implementation) and ``predict_batch(samples, compute)``.
 
-The implementations: ``scalefit.fit.SigmoidModel`` (the ScaleRL sigmoid, the default) and
-``scalefit.powerlaw.PowerLawModel`` (the paper's power-law comparison). ``scalefit.models.make_model(name, ...)``
-builds one by its campaign name (``fit.model``).
+Every model declares its parameters (``parameters``, a ``scalefit.parameters.Parameters``: names,
+bounds, start values, which is the ceiling, which are efficiency parameters), and every fit gives
+them at its fitted values (``CurveFit.parameters``): comparisons, open ceilings, the knee test, the
+table and slower-or-lower read the roles there, never a model's parameter names.
+``CurveModel.fix(name, value)`` is the model with one parameter held (a refit at a shared ceiling).
+
+The implementations: ``scalefit.fit.SigmoidModel`` (the ScaleRL sigmoid, the default),
+``scalefit.powerlaw.PowerLawModel`` (the paper's power-law comparison) and
+``scalefit.declared.LeastSquaresModel``, a model made of its declaration and its curve alone.
+``scalefit.models.make_model(name, ...)`` builds one by its campaign name (``fit.model``).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scalefit.errors import FitError
+from scalefit.parameters import Parameters
 
 
 @dataclass(kw_only=True)
@@ -49,11 +57,63 @@ class CurveFit:
     name: ClassVar[str] = ""  # the model's name in a campaign's fit.model
     param_names: ClassVar[tuple[str, ...]] = ()
     sample_names: ClassVar[tuple[str, ...]] = ()  # columns of refit_batch's draws (params + nuisances)
-    has_asymptote: ClassVar[bool] = True  # A is a ceiling the data identify (comparisons use it)
+
+    @property
+    def parameters(self) -> Parameters:
+        """The model's declaration at the fitted values, with the ranges this fit searched."""
+        raise NotImplementedError
 
     @property
     def params(self) -> dict[str, float]:
-        return {p: float(getattr(self, p)) for p in self.param_names}
+        declared = self.parameters
+        return {p: float(declared[p].value) for p in self.param_names}
+
+    @property
+    def has_asymptote(self) -> bool:
+        """The model has a ceiling the data identify (comparisons use it)."""
+        return self.parameters.ceiling is not None
+
+    @property
+    def start_level(self) -> float | None:
+        """The level before training, where the model has it as a parameter (the sigmoid's R0)."""
+        start = self.parameters.start
+        return None if start is None else float(self.parameters[start].value)
+
+    @property
+    def ceiling_at_edge(self) -> bool:
+        """The ceiling on an edge of the range searched: the optimum may lie outside."""
+        ceiling = self.parameters.ceiling
+        return ceiling is not None and self.parameters[ceiling].on_bound()
+
+    @property
+    def efficiency_at_bound(self) -> bool:
+        """The compared efficiency parameter on a bound of its range: the curve's shape is not identified."""
+        eff = self.parameters.efficiency
+        return bool(eff) and self.parameters[eff[0]].on_bound()
+
+    def pooling(self) -> tuple[Any, str]:
+        """The campaign prior this fit was pooled with (None: alone) and why it was left out of it."""
+        return None, ""
+
+    def compute_at_share(self, samples: np.ndarray, share: np.ndarray) -> np.ndarray:
+        """Compute at which each row of ``samples`` reaches ``share`` of its own gain, from its level at
+        zero compute to its ceiling (inf where it does not within 10^6 times the fitted compute)."""
+        ceiling = self.parameters.ceiling
+        names = self.parameters.names
+        grid = np.geomspace(float(self.compute.min()) * 1e-6, float(self.compute.max()) * 1e6, 4001)
+        start = self.predict_batch(samples, np.array([0.0]))[:, 0]
+        target = start + share * (samples[:, names.index(ceiling)] - start)
+        curves = self.predict_batch(samples, grid)
+        reached = curves >= target[:, None]
+        i = np.argmax(reached, axis=1)
+        hit = reached.any(axis=1) & (share > 0) & (share < 1)
+        rows = np.arange(len(samples))
+        j = np.maximum(i - 1, 0)
+        lo, hi = curves[rows, j], curves[rows, i]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.clip(np.where(hi > lo, (target - lo) / (hi - lo), 1.0), 0.0, 1.0)
+        log_c = np.log(grid[j]) + t * (np.log(grid[i]) - np.log(grid[j]))
+        return np.where(hit, np.exp(log_c), np.inf)
 
     @property
     def n_points(self) -> int:
@@ -66,11 +126,11 @@ class CurveFit:
 
     @property
     def exclude_below(self) -> float | None:
-        return getattr(self.model, "exclude_below", None)
+        return None if self.model is None else self.model.exclude_below
 
     @property
     def fit_upto(self) -> float | None:
-        return getattr(self.model, "fit_upto", None)
+        return None if self.model is None else self.model.fit_upto
 
     def predict(self, compute) -> np.ndarray:
         raise NotImplementedError
@@ -107,6 +167,10 @@ class CurveFit:
         """The same data fitted again with some settings changed (e.g. ``fit_upto=...``)."""
         return self.model.clone(**settings).fit(*self.inputs, runs=self.run_inputs).result_
 
+    def refit_fixed(self, name: str, value: float) -> CurveFit:
+        """The same data fitted again with parameter ``name`` held at ``value`` (``CurveModel.fix``)."""
+        return self.refit(**self.model.fix_settings(name, value))
+
     def prefix(self, upto: float) -> CurveFit:
         """The fit to the points up to ``upto`` (a backtest's origin), settings scaled to them."""
         return self.refit(fit_upto=upto)
@@ -133,10 +197,16 @@ class CurveFit:
 
 
 class CurveModel:
-    """A curve model's settings; ``fit`` makes its ``result_`` (a ``CurveFit``)."""
+    """A curve model's settings; ``fit`` makes its ``result_`` (a ``CurveFit``). Every model takes
+    ``exclude_below``, ``fit_upto`` and ``a_grid`` (the grid, or range, of its ceiling or asymptote:
+    a campaign's ``fit.a_grid``)."""
 
     name: ClassVar[str] = ""
     param_names: ClassVar[tuple[str, ...]] = ()
+    parameters: ClassVar[Parameters] = Parameters()  # the declaration: names, bounds, roles, start values
+    pools: ClassVar[bool] = False  # the campaign's joint fit (fit.pooling: partial, scalefit.pooled) takes it
+    exclude_below: float | None = None
+    fit_upto: float | None = None
     result_: CurveFit
 
     def get_params(self) -> dict[str, Any]:
@@ -156,6 +226,16 @@ class CurveModel:
     def clone(self, **settings: Any) -> CurveModel:
         """An unfitted copy with the same settings (some changed)."""
         return type(self)(**{**copy.deepcopy(self.get_params()), **settings})
+
+    def fix_settings(self, name: str, value: float) -> dict[str, Any]:
+        """The settings that hold parameter ``name`` at ``value``: the asymptote's grid of one value."""
+        if name != self.parameters.asymptote:
+            raise FitError(f"{type(self).__name__} can hold only {self.parameters.asymptote} fixed, not {name!r}")
+        return {"a_grid": np.array([float(value)])}
+
+    def fix(self, name: str, value: float) -> CurveModel:
+        """An unfitted copy with parameter ``name`` held at ``value`` (a refit at a shared ceiling)."""
+        return self.clone(**self.fix_settings(name, value))
 
     def fit(self, compute, values, runs=None) -> CurveModel:
         raise NotImplementedError

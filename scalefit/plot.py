@@ -121,9 +121,10 @@ def _draw_fit(
             banded = True
         clo, chi = fc.confidence_band(grid)
         ax.fill_between(grid, clo, chi, color=color, alpha=0.25, linewidth=0)
-    if f.has_asymptote:
-        ax.axhline(f.params["A"], color=color, lw=0.6, ls=":")
-        shown.append(np.array([f.params["A"]]))
+    ceiling = f.parameters.ceiling
+    if ceiling is not None:
+        ax.axhline(f.params[ceiling], color=color, lw=0.6, ls=":")
+        shown.append(np.array([f.params[ceiling]]))
     return banded
 
 

@@ -170,6 +170,9 @@ class PooledFit(SigmoidFit):
     def outlier(self) -> bool:
         return bool(self.pool_note)
 
+    def pooling(self) -> tuple[Prior | None, str]:
+        return self.prior, self.pool_note
+
     def refit(self, **overrides: Any) -> SigmoidFit:
         base = self.unpooled.refit(**overrides)
         if self.prior is None:

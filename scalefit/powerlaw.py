@@ -21,6 +21,7 @@ from scalefit.errors import FitError
 from scalefit.fit import MIN_POINTS, check_curve, fit_window, run_labels
 from scalefit.lm import batched_lm
 from scalefit.model import CurveFit, CurveModel
+from scalefit.parameters import ASYMPTOTE, EFFICIENCY, Parameter, Parameters
 
 POWER_LAW_A_GRID = np.round(np.arange(0.450, 1.0 + 1e-9, 0.005), 3)
 LOG_D_BOUNDS = (-50.0, 50.0)
@@ -51,7 +52,16 @@ class PowerLawFit(CurveFit):
     name: ClassVar[str] = "power_law"
     param_names: ClassVar[tuple[str, ...]] = ("A", "D", "B")
     sample_names: ClassVar[tuple[str, ...]] = ("A", "D", "B")
-    has_asymptote: ClassVar[bool] = False
+
+    @property
+    def parameters(self) -> Parameters:
+        """A (an asymptote, not a ceiling the data identify), D and B at their fitted values."""
+        a = POWER_LAW_A_GRID if self.a_grid is None else self.a_grid
+        return Parameters(
+            Parameter("A", self.A, float(a.min()), float(a.max()), ASYMPTOTE, vary=len(a) > 1),
+            Parameter("D", self.D, 0.0, np.inf),
+            Parameter("B", self.B, *B_BOUNDS, EFFICIENCY),
+        )
 
     def predict(self, compute) -> np.ndarray:
         return power_law(compute, self.A, self.D, self.B)
@@ -103,6 +113,11 @@ class PowerLawModel(CurveModel):
 
     name = "power_law"
     param_names = PowerLawFit.param_names
+    parameters = Parameters(
+        Parameter("A", np.nan, float(POWER_LAW_A_GRID.min()), float(POWER_LAW_A_GRID.max()), ASYMPTOTE),
+        Parameter("D", np.nan, 0.0, np.inf),
+        Parameter("B", np.nan, *B_BOUNDS, EFFICIENCY),
+    )
 
     def __init__(
         self,

@@ -365,7 +365,7 @@ class Forecast(CurveForecast):
     def b_tie(self, candidate: Forecast, b_candidate: float) -> str | None:
         """How this (the baseline's) uncertainty cannot tell ``b_candidate`` (the candidate's B at the
         shared A) from its B, as a clause of the LOO verdict; None when it can."""
-        lo, hi = self.interval("B")
+        lo, hi = self.interval(self.fit.parameters.efficiency[0])
         if lo <= b_candidate <= hi:
             return f", inside the baseline's {self.level:.0%} interval [{lo:.2f}, {hi:.2f}]"
         return None
@@ -446,10 +446,11 @@ class Forecast(CurveForecast):
         if k is not None and k.passed:
             return None
         own = self.own_fit()
-        top_a = float(np.max(own.a_grid))
+        ceiling = own.parameters.ceiling
+        top_a = float(own.parameters[ceiling].max)
         with warnings.catch_warnings():  # C_mid on its grid's top edge here only raises the bound it gives
             warnings.simplefilter("ignore", UserWarning)
-            top = own.refit(a_grid=np.array([top_a]))
+            top = own.refit_fixed(ceiling, top_a)
         return OpenCeiling(top, top_a, k.text() if k is not None else "too few points to test for its knee")
 
     def open_rise(self, compute) -> np.ndarray:
@@ -606,9 +607,10 @@ def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list
     if not extrapolates(fc, at):
         return []
     why = fc.unchecked_extrapolation(name)
-    if fc.fit.has_asymptote:  # a power law has no asymptote to bound, its A is not a ceiling
-        a_lo, a_hi = fc.interval("A")
-        edges = (float(fc.fit.a_grid.min()), float(fc.fit.a_grid.max()))
+    ceiling = fc.fit.parameters.ceiling
+    if ceiling is not None:  # a power law has no asymptote to bound, its A is not a ceiling
+        a_lo, a_hi = fc.interval(ceiling)
+        edges = (fc.fit.parameters[ceiling].min, fc.fit.parameters[ceiling].max)
         if (a_lo <= edges[0] + 1e-9 and open_side != "lower") or (a_hi >= edges[1] - 1e-9 and open_side != "upper"):
             why.append(
                 f"{name}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
@@ -622,7 +624,7 @@ def knee(fc: Forecast) -> Knee | None:
     counted from the first evaluation, and a curve that rose before it would never read flat."""
     fit = fc.fit
     runs = None if fit.run_inputs is None or fit.used is None else fit.run_inputs[fit.used]
-    return knee_from_data(fit.compute, fit.value, runs, start=getattr(fit, "R0", None))  # a power law has none
+    return knee_from_data(fit.compute, fit.value, runs, start=fit.start_level)  # a power law has none
 
 
 def past_knee(fc: Forecast) -> bool:
@@ -684,7 +686,7 @@ def reading(variant: Forecast, baseline: Forecast, at: tuple[float, float], marg
     """Ceiling against efficiency at ``at`` (``scalefit.slower_or_lower.separate``); None for a
     curve with no band or no asymptote (a power law has no ceiling to read)."""
     pair = (variant, baseline)
-    if any(fc.no_band or not fc.fit.has_asymptote or "C_mid" not in fc.fit.sample_names for fc in pair):
+    if any(fc.no_band or not fc.fit.has_asymptote for fc in pair):
         return None
     sep = separate(variant, baseline, at[0], at[1], margin=margin)
     if sep is None or (past_knee(variant) and past_knee(baseline)):

@@ -19,7 +19,7 @@ import numpy as np
 from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
 from scalefit.grids import parse_grid
-from scalefit.models import MODEL_NAMES
+from scalefit.models import registered
 
 POOLING = ("partial", "none")  # fit.pooling: the variants fitted jointly, or each on its own
 
@@ -75,17 +75,18 @@ class FitSettings:
             raise FitError(f"fit.eval_prompts = {v!r}: expected a whole number of prompts >= 1, e.g. 64")
         if s.exclude_below is not None and (not number(s.exclude_below) or s.exclude_below < 0):
             raise FitError(f"fit.exclude_below = {s.exclude_below!r}: expected a compute >= 0")
-        if s.model not in MODEL_NAMES:
+        models = registered()
+        if s.model not in models:
             raise FitError(
                 f"fit.model = {s.model!r}: expected sigmoid (the ScaleRL curve, the default) or power_law"
-                " (the paper's comparison form)"
+                f" (the paper's comparison form); registered: {', '.join(models)}"
             )
         if s.pooling not in POOLING:
             raise FitError(
                 f"fit.pooling = {s.pooling!r}: expected partial (the variants fitted jointly, the default) or none"
                 " (each variant on its own)"
             )
-        if s.model != "sigmoid" and s.pooling == "partial":
+        if not models[s.model].pools and s.pooling == "partial":
             raise FitError(
                 f"fit.model = {s.model} with fit.pooling = partial: the joint fit pools the sigmoid's B only;"
                 " set fit.pooling: none"

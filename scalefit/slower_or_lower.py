@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from scalefit.curve import sigmoid
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
@@ -255,39 +254,33 @@ def _times(x: float) -> str:
 
 
 def _params(fc) -> np.ndarray:
-    """The forecast's draws as columns A, B, C_mid, R0."""
-    names = fc.fit.sample_names
-    return np.stack([fc.samples[:, names.index(p)] for p in ("A", "B", "C_mid", "R0")], axis=1)
+    """The forecast's draws, in its fit's declared order (``fit.sample_names``)."""
+    return fc.samples
 
 
 def _point(fc) -> np.ndarray:
-    return np.array([[float(getattr(fc.fit, p)) for p in ("A", "B", "C_mid", "R0")]])
+    """The fitted parameters as one row of draws."""
+    return fc.fit.parameters.values[None, :]
 
 
-def _share(b: np.ndarray, bb: float) -> np.ndarray:
-    """The share of its gain (A - R0) the baseline reaches at its budget, at most ``LEVEL_SHARE``
-    (near a plateau the compute to reach a share turns on a hair's difference of A, not on speed)."""
-    return np.minimum((_curve(b, np.array([bb]))[:, 0] - b[:, 3]) / (b[:, 0] - b[:, 3]), LEVEL_SHARE)
+def _share(fit, b: np.ndarray, bb: float) -> np.ndarray:
+    """The share of its gain (from its level at zero compute to its ceiling) the baseline reaches at its
+    budget, at most ``LEVEL_SHARE`` (near a plateau the compute to reach a share turns on a hair's
+    difference of the ceiling, not on speed)."""
+    start = fit.predict_batch(b, np.array([0.0]))[:, 0]
+    top = b[:, _ceiling(fit)]
+    return np.minimum((fit.predict_batch(b, np.array([bb]))[:, 0] - start) / (top - start), LEVEL_SHARE)
 
 
-def _to_share(params: np.ndarray, share: np.ndarray) -> np.ndarray:
-    """Compute at which each sigmoid reaches ``share`` of its own gain (inf at a share of 1 or more)."""
-    _, b, cm, _ = params.T
-    with np.errstate(divide="ignore", invalid="ignore"):
-        c = cm * (share / (1 - share)) ** (1 / b)
-    return np.where((share > 0) & (share < 1), c, np.inf)
+def _ceiling(fit) -> int:
+    """The column of the fit's ceiling in its draws."""
+    return fit.sample_names.index(fit.parameters.ceiling)
 
 
 def _a_open(fc) -> bool:
-    lo, hi = fc.interval("A")
-    grid = fc.fit.a_grid
-    return bool(lo <= float(grid.min()) + 1e-9 or hi >= float(grid.max()) - 1e-9)
-
-
-def _curve(params: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """``scalefit.curve.sigmoid`` of each row of ``params`` (A, B, C_mid, R0) at each ``c``: (rows, points)."""
-    a, b, cm, r0 = (params[:, i : i + 1] for i in range(4))
-    return sigmoid(c[None, :], a, b, cm, r0)
+    ceiling = fc.fit.parameters[fc.fit.parameters.ceiling]
+    lo, hi = fc.interval(ceiling.name)
+    return bool(lo <= ceiling.min + 1e-9 or hi >= ceiling.max - 1e-9)
 
 
 def separate(
@@ -298,6 +291,7 @@ def separate(
     ``baseline_budget`` (default the same). None where no pair of draws is finite: nothing to read."""
     bb = budget if baseline_budget is None else baseline_budget
     level = variant.level
+    fv, fb = variant.fit, baseline.fit
     v, b = _params(variant), _params(baseline)
     n = min(len(v), len(b))
     ok = np.isfinite(v[:n]).all(axis=1) & np.isfinite(b[:n]).all(axis=1)  # pairs where both refits held
@@ -306,25 +300,29 @@ def separate(
         return None
     pv, pb = _point(variant), _point(baseline)
     q = central_percentiles(level)
+    iv, ib = _ceiling(fv), _ceiling(fb)
 
-    da = v[:, 0] - b[:, 0]
-    da_point = float(pv[0, 0] - pb[0, 0])
+    da = v[:, iv] - b[:, ib]
+    da_point = float(pv[0, iv] - pb[0, ib])
     da_lo, da_hi = interval_holding(da, da_point, level)
 
-    share = _share(b, bb)
+    share = _share(fb, b, bb)
     with np.errstate(divide="ignore", invalid="ignore"):
-        later = _to_share(v, share) / _to_share(b, share)
-    q_point = _share(pb, bb)
-    later_point = float(_to_share(pv, q_point)[0] / _to_share(pb, q_point)[0])
+        later = fv.compute_at_share(v, share) / fb.compute_at_share(b, share)
+    q_point = _share(fb, pb, bb)
+    later_point = float(fv.compute_at_share(pv, q_point)[0] / fb.compute_at_share(pb, q_point)[0])
     later = np.where(np.isnan(later), np.inf, later)
     l_lo, l_hi = (float(x) for x in np.percentile(later, q))  # inf draws sort last: an open upper end
     l_lo, l_hi = min(l_lo, later_point), max(l_hi, later_point)
 
     same = v.copy()
-    same[:, 0] = b[:, 0]
-    ds = _curve(same, np.array([budget]))[:, 0] - _curve(b, np.array([bb]))[:, 0]
-    same_point = np.concatenate([pb[:, :1], pv[:, 1:]], axis=1)
-    ds_point = float(_curve(same_point, np.array([budget]))[0, 0] - _curve(pb, np.array([bb]))[0, 0])
+    same[:, iv] = b[:, ib]
+    ds = fv.predict_batch(same, np.array([budget]))[:, 0] - fb.predict_batch(b, np.array([bb]))[:, 0]
+    same_point = pv.copy()
+    same_point[:, iv] = pb[:, ib]
+    ds_point = float(
+        fv.predict_batch(same_point, np.array([budget]))[0, 0] - fb.predict_batch(pb, np.array([bb]))[0, 0]
+    )
     ds_lo, ds_hi = interval_holding(ds, ds_point, level)
 
     return Separation(
@@ -336,22 +334,26 @@ def separate(
         later_interval=(l_lo, l_hi),
         same_ceiling_delta=ds_point,
         same_ceiling_interval=(ds_lo, ds_hi),
-        separating_compute=separating_compute(pv, pb, budget, margin),
+        separating_compute=separating_compute(pv, pb, budget, margin, (fv, fb)),
         margin=margin,
         budget=budget,
     )
 
 
-def separating_compute(pv: np.ndarray, pb: np.ndarray, budget: float, margin: float) -> float | None:
-    """The least compute from ``budget`` on at which the variant, read as only slower (the baseline's
-    ceiling, its own C_mid and B), comes within half the margin of the baseline: measured there, a
-    slower variant reads "no difference" and a lower one stays ``|ΔA|`` below. None where the fitted
-    ceilings lie within the margin (nothing to separate) or the readings meet only past
-    ``SEPARATION_REACH`` budgets."""
-    if abs(float(pv[0, 0] - pb[0, 0])) <= margin:
+def separating_compute(pv: np.ndarray, pb: np.ndarray, budget: float, margin: float, fits) -> float | None:
+    """The least compute from ``budget`` on at which the variant (parameters ``pv``, a row in its fit's
+    declared order; ``fits``: the variant's and the baseline's fits, whose curves and declarations
+    are read), read as only slower (the baseline's ceiling, its own efficiency), comes within half
+    the margin of the baseline (``pb``): measured there, a slower variant reads "no difference" and a
+    lower one stays ``|ΔA|`` below. None where the fitted ceilings lie within the margin (nothing to
+    separate) or the readings meet only past ``SEPARATION_REACH`` budgets."""
+    fv, fb = fits
+    iv, ib = _ceiling(fv), _ceiling(fb)
+    if abs(float(pv[0, iv] - pb[0, ib])) <= margin:
         return None
-    same = np.concatenate([pb[:, :1], pv[:, 1:]], axis=1)
+    same = pv.copy()
+    same[:, iv] = pb[:, ib]
     c = budget * np.geomspace(1.0, SEPARATION_REACH, 400)
-    gap = np.abs(_curve(same, c)[0] - _curve(pb, c)[0])
+    gap = np.abs(fv.predict_batch(same, c)[0] - fb.predict_batch(pb, c)[0])
     hit = np.flatnonzero(gap <= margin / 2)
     return float(c[hit[0]]) if len(hit) else None

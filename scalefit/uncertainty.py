@@ -15,8 +15,10 @@ import numpy as np
 from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, SigmoidFit, fit_sigmoid
+from scalefit.fit import B_BOUNDS, SigmoidFit
 from scalefit.lm import batched_lm
+from scalefit.model import CurveFit
+from scalefit.models import make_model
 
 PARAMS = ("A", "B", "C_mid")
 
@@ -101,12 +103,13 @@ class SeedSpread:
 
     @property
     def A_values(self) -> np.ndarray:
-        return np.array([f.A for f in self.fits.values()])
+        """Each run's ceiling (the sigmoid's A)."""
+        return np.array([_ceiling(f) for f in self.fits.values()])
 
     def to_dict(self) -> dict[str, Any]:
         a = self.A_values
         return {
-            "A_by_run": {k: f.A for k, f in self.fits.items()},
+            "A_by_run": {k: _ceiling(f) for k, f in self.fits.items()},
             "A_mean": float(a.mean()),
             "A_std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
             "A_half_range": float((a.max() - a.min()) / 2.0),
@@ -116,12 +119,22 @@ class SeedSpread:
         }
 
 
-def seed_spread(curves: Mapping[str, tuple[Any, Any]], margin: float = DEFAULT_MARGIN, **fit_kwargs: Any) -> SeedSpread:
-    """Fit each seed's curve on its own; the spread of A is the recipe's run-to-run noise.
+def _ceiling(f: CurveFit) -> float:
+    return f.params[f.parameters.ceiling]
+
+
+def seed_spread(
+    curves: Mapping[str, tuple[Any, Any]], margin: float = DEFAULT_MARGIN, model: str = "sigmoid", **fit_kwargs: Any
+) -> SeedSpread:
+    """Fit each seed's curve on its own (``model``, a ``fit.model`` name with a ceiling, and its
+    settings); the spread of its ceiling is the recipe's run-to-run noise.
 
     Grid-edge notes stay on each seed's fit (``SeedSpread.fits[name].warnings``, and ``to_dict``'s
     ``warnings``) instead of being raised once per seed."""
+    est = make_model(model, **fit_kwargs)
+    if est.parameters.ceiling is None:
+        raise FitError(f"fit model {model!r} has no ceiling: no run-to-run spread of one")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fits = {name: fit_sigmoid(c, v, **fit_kwargs) for name, (c, v) in curves.items()}
+        fits = {name: est.clone().fit(c, v).result_ for name, (c, v) in curves.items()}
     return SeedSpread(fits, margin)

@@ -364,3 +364,16 @@ def test_the_shipped_adaptive_campaign_is_loo_gpu5_with_decision_points():
         )
 
     assert len(runs(adaptive)) == 25 and runs(adaptive) == runs(full)
+
+
+def test_a_variant_that_cannot_be_fitted_is_judged_against_a_power_law_baseline():
+    """A variant with too few points to fit, against a power-law baseline (fit.model: power_law): its
+    no-gain rule counts the baseline's gain from the level its declaration gives, else the measured
+    one; it read the sigmoid's R0, which a power law lacks (AttributeError)."""
+    curves = campaign_curves({"baseline": BASE, "flat": (0.36, 2.0, 8_000.0)})
+    curves = curves[(curves["variant"] == "baseline") | (curves[X] <= 1_000.0)]  # the flat one: too few points
+    budgets = {"baseline": 40_000.0, "flat": 40_000.0}
+    cfg = Adaptive([0.5], eval_prompts=1000, n_resamples=300, pooling="none", model="power_law")
+    d = decide_at(curves, "flat", 0.5, budgets, cfg)
+    assert d.stop and d.reason.startswith("stop: no gain") and "has made 8" in d.reason, d.reason
+    assert d.baseline_final == pytest.approx(0.70, abs=0.05)

@@ -3,6 +3,8 @@ refits, identified(), the forecast and the comparison; the whole LOO path with e
 
 from __future__ import annotations
 
+import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -10,10 +12,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import scalefit
 from analysis.loo import write_fit
 from runners.campaign.load import load_campaign
 from runners.campaign.spec import CampaignError, fit_settings
-from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model
+from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model, models
 from scalefit.synthetic import synthetic_curve
 from tests.test_analysis import X, curves
 
@@ -147,3 +150,77 @@ def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads
     assert r.returncode != 0 and "Traceback" not in r.stderr and "set fit.pooling: none" in r.stderr
     path.write_text("name: x\nbaseline: scalerl\nfit: {model: power_law, pooling: none}\n")
     assert load_campaign(path).fit.model == "power_law"
+
+
+def _documented_model(tmp_path: Path) -> Path:
+    """docs/extending.md's model module, as the page writes it, in a folder of the scalefit package."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    section = page.split("## Adding a fit model", 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    folder = tmp_path / "more-models"
+    folder.mkdir()
+    (folder / "model_exp.py").write_text(code)
+    return folder
+
+
+@pytest.fixture
+def documented_model(tmp_path: Path, monkeypatch):
+    """The page's module dropped into the package's path and nothing else changed; the registry
+    as it was afterwards."""
+    monkeypatch.setattr(scalefit, "__path__", [*scalefit.__path__, str(_documented_model(tmp_path))])
+    monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
+    monkeypatch.setattr(models, "_scanned", False)
+    monkeypatch.delitem(sys.modules, "scalefit.model_exp", raising=False)
+    yield
+    sys.modules.pop("scalefit.model_exp", None)
+
+
+def test_the_documented_model_runs_the_loo_path(tmp_path: Path, documented_model):
+    """docs/extending.md's ExpModel, registered by its module alone, through the paths the sigmoid
+    takes: the campaign's fit.model, the LOO table's cells (its own columns, its ceiling's interval),
+    compare_fits on the ceiling then at a shared ceiling, and an open ceiling (before its knee).
+    Before the declaration the page's outline crashed in compare_fits ('ExpFit' has no 'B')."""
+    assert "exp" in models.model_names()
+    df = curves({"baseline": (2542, 1.92, 0.61), "loss=worse": (2542, 1.92, 0.45)})
+    settings = fit_settings({"x": X, "a_grid": "0.30:1.0:0.005", "model": "exp", "pooling": "none", "margin": 0.05})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        write_fit(df, tmp_path, settings)
+    table = pd.read_csv(tmp_path / "loo_table.csv").set_index("variant")
+    assert (table["model"] == "exp").all() and table[["A", "D", "k", "A_lo", "A_hi"]].notna().all().all()
+    assert not {"B", "C_mid"} & set(table.columns) and table["R0"].isna().all()  # no start level declared
+    assert table.loc["baseline", "A_lo"] <= table.loc["baseline", "A"] <= table.loc["baseline", "A_hi"]
+    assert table.loc["loss=worse", "verdict"].startswith("worse"), table.loc["loss=worse", "verdict"]
+
+    c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, seed=2)
+    c2, v2 = synthetic_curve(2542, 1.92, 0.45, c_max=16_000.0, seed=3)
+    c3, v3 = synthetic_curve(5000, 1.92, 0.61, c_max=16_000.0, seed=4)  # the same ceiling, reached later
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # compute in thousands: compare_fits' tie tolerance (1e-3) is in the efficiency parameter's units
+        f1, f2, f3 = (make_model("exp").fit(x / 1000, y).result_ for x, y in ((c, v), (c2, v2), (c3, v3)))
+    lower = compare_fits(f1, f2, margin=0.05)
+    assert lower.rule == "A" and lower.winner == "baseline" and lower.A_candidate < lower.A_baseline - 0.05
+    slower = compare_fits(f1, f3, margin=0.05)
+    assert slower.rule == "B" and slower.winner == "baseline" and slower.shared_A is not None
+    assert slower.B_baseline > slower.B_candidate and "refitted at shared A" in slower.verdict
+    held = f1.refit_fixed("A", slower.shared_A)
+    assert held.params["A"] == slower.shared_A and held.n_free == 2
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        early = make_model("exp", a_grid=np.arange(0.3, 1.0, 0.005)).fit(c[c <= 2000.0], v[c <= 2000.0]).result_
+    oc = forecast(early, n_resamples=100).open_ceiling
+    assert oc is not None and oc.fit.params["A"] == pytest.approx(0.995) and oc.ceiling == pytest.approx(0.995)
+
+
+def test_make_model_refuses_a_setting_the_model_does_not_take():
+    """Settings a model does not take were silently dropped (the sigmoid's cmid_grid for the power law):
+    refused now, as scikit-learn does, naming the settings it takes; None is a setting not given."""
+    with pytest.raises(FitError, match=r"'power_law' takes no setting 'cmid_grid'; its settings: exclude_below, "):
+        make_model("power_law", cmid_grid="paper")
+    with pytest.raises(FitError, match=r"takes no setting 'r0'"):
+        make_model(PowerLawModel(), r0=0.2)
+    assert make_model("power_law", cmid_grid=None, exclude_below=5.0).exclude_below == 5.0
+    with pytest.raises(FitError, match="can hold only A fixed"):
+        SigmoidModel().fix("C_mid", 100.0)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from scalefit.curve import sigmoid
+from scalefit.fit import fit_sigmoid
 from scalefit.pooled_forecast import fit_and_forecast_campaign
 from scalefit.slower_or_lower import knee_from_data, separate, separating_compute
 from scalefit.synthetic import campaign_runs
@@ -119,14 +120,15 @@ def test_the_separating_compute_is_where_a_slower_reading_would_have_caught_up()
     the baseline at the compute given, and not before."""
     base = np.array([[0.75, 1.8, CM, 0.3]])
     variant = np.array([[0.67, 1.8, 3 * CM, 0.3]])
-    c = separating_compute(variant, base, CM, 0.02)
+    fit = fit_sigmoid(*_curve(c_max=20 * CM)[:2])  # whose curve and declared ceiling the rows are read by
+    c = separating_compute(variant, base, CM, 0.02, (fit, fit))
     assert c is not None and c > CM
 
     def gap(at: float) -> float:
         return abs(sigmoid(at, 0.75, 1.8, 3 * CM, 0.3) - sigmoid(at, 0.75, 1.8, CM, 0.3))
 
     assert gap(c) <= 0.01 < gap(c / 1.05)
-    assert separating_compute(np.array([[0.74, 1.8, 3 * CM, 0.3]]), base, CM, 0.02) is None  # |ΔA| within margin
+    assert separating_compute(np.array([[0.74, 1.8, 3 * CM, 0.3]]), base, CM, 0.02, (fit, fit)) is None  # within margin
 
 
 def test_a_half_budget_call_on_a_slower_variant_says_slower_or_lower_and_what_compute_tells():

@@ -197,7 +197,9 @@ def _no_gain(g: pd.DataFrame, baseline, fraction: float, budget: float, cfg: Ada
     f = baseline.fit
     b_final = float(baseline.point([budget])[0])
     b_now = float(baseline.point([fraction * budget])[0])
-    share = (b_now - f.R0) / (b_final - f.R0) if b_final != f.R0 else 0.0
+    c_in, v_in = f.inputs  # its level before training: the fit's (R0) where the model has one, else measured
+    r0 = f.start_level if f.start_level is not None else float(v_in[c_in == c_in.min()].mean())
+    share = (b_now - r0) / (b_final - r0) if b_final != r0 else 0.0
     lo = float(np.percentile(baseline.mean_draws([budget])[:, 0], 100 * cfg.risk))
     verdict = baseline.verdict
     if verdict is not None and not verdict.predictable and verdict.error_only:
