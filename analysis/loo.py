@@ -129,6 +129,17 @@ def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient
     _tag_runs(curves, client, store.READING, {(v, s): readings[v] for v, s in runs if v in readings})
 
 
+def tag_p_within(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient) -> None:
+    """Each variant's runs get its forecast's P(within ±margin) as the MLflow tag ``store.P_WITHIN``
+    ("0.55"); a variant with none (no fit, no band) loses an earlier one."""
+    values = {}
+    if "p_within" in table:
+        known = table[table["p_within"].notna()]
+        values = {r["variant"]: f"{float(r['p_within']):.3f}" for _, r in known.iterrows()}
+    runs = curves[["variant", "seed"]].drop_duplicates().itertuples(index=False)
+    _tag_runs(curves, client, store.P_WITHIN, {(v, s): values[v] for v, s in runs if v in values})
+
+
 def write_report(
     campaign: str,
     out: Path,
@@ -153,6 +164,7 @@ def write_report(
     if not partial:
         tag_unstable(curves, client)
         tag_readings(curves, table, client)
+        tag_p_within(curves, table, client)
     write_missing_reports(curves, client, out, log=log)
     (out / "runs.md").write_text(runs_markdown(curves, out))
     identical = set(table.loc[table["identical_to_baseline"], "variant"]) if "identical_to_baseline" in table else set()

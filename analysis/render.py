@@ -47,6 +47,8 @@ def to_markdown(table: pd.DataFrame) -> str:
     for _, r in table.iterrows():
         pred = r.get("predictability", "")
         pred = "" if not isinstance(pred, str) else pred
+        if not pd.isna(r.get("p_within", np.nan)):  # the number the verdict reads
+            pred = f"P {r['p_within']:.2f}: {pred}"
         verdict = r.get("verdict", "")
         stopped = r.get("stopped")
         if isinstance(stopped, str) and stopped:  # the numbers are predictions, not observations

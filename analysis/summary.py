@@ -19,7 +19,7 @@ import pandas as pd
 from analysis import builds
 
 WIDTH = 100  # columns: every line but a UI address, which is printed alone on its line to stay one link
-A_W, DELTA_W, CALL_W = 5, 25, 15  # the variant's column is as wide as its longest name (8 to 24)
+A_W, P_W, DELTA_W, CALL_W = 5, 4, 25, 15  # the variant's column is as wide as its longest name (8 to 24)
 
 
 def _num(v: Any) -> float | None:
@@ -125,9 +125,10 @@ def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
     return cell, call, why
 
 
-def _row(width: int, name: str, a: str, why: str, delta: str | None = None, call: str = "") -> str:
-    """One line: the variant, its A, then its Δ and call (none: the reason takes their columns)."""
-    head = f"{_cut(name, width):<{width}} {a:>{A_W}}  "
+def _row(width: int, name: str, a: str, p: str, why: str, delta: str | None = None, call: str = "") -> str:
+    """One line: the variant, its A and P (``Forecast.p_within``), then its Δ and call (none: the
+    reason takes their columns)."""
+    head = f"{_cut(name, width):<{width}} {a:>{A_W}} {p:>{P_W}}  "
     if delta is not None:
         head += f"{delta:<{DELTA_W}}  {call:<{CALL_W}}  "
     return head + _cut(why, WIDTH - len(head))
@@ -177,22 +178,25 @@ def summary(
     head = f"each variant against the baseline at the budget, margin ±{margin:g}"
     lines = [
         _cut(f"{title}: {head}" if title else head, WIDTH),
-        _row(w, "variant", "A", "why", "Δ [95% interval]", "call"),
+        _row(w, "variant", "A", "P", "why", "Δ [95% interval]", "call"),
     ]
     for _, r in table.iterrows():
         a = _num(r.get("A"))
         a_cell = "—" if a is None else f"{a:.3f}"
+        p = _num(r.get("p_within"))
+        p_cell = "—" if p is None else f"{p:.2f}".lstrip("0")
         delta, call, why = (None, "", _baseline_why(r)) if r["variant"] == "baseline" else _variant_line(r, margin, k)
         if (_num(r.get("unfinished")) or 0) > 0:
             why = f"{int(r['unfinished'])} of {int(r['seeds'])} runs unfinished; {why}"
-        lines.append(_row(w, str(r["variant"]), a_cell, why, delta, call))
+        lines.append(_row(w, str(r["variant"]), a_cell, p_cell, why, delta, call))
     if "unstable" in table:
         lines += _unstable_line(table) + _steady_lines(table, k)
     if (base := builds.line(table)) is not None:
         lines.append(_cut(base, WIDTH))
     lines += [
         _cut(
-            f"Δ: the fits' difference at the budget; m: measured (the seeds' last-{k} means) where no fit gives one",
+            f"P: the chance its seeds' last-{k} mean at 2x lands within ±{margin:g} of the fit (predictable: ≥ the "
+            f"level); Δ: the fits' difference at the budget; m: measured where no fit gives one",
             WIDTH,
         ),
         f"full table, every reason: {_where(out / 'loo_table.md')}",

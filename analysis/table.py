@@ -79,6 +79,7 @@ class FitCells:
     predictable: bool
     predictability: str
     expected_error: float
+    p_within: float | None = None  # P(the seeds' mean at the target lands within ±margin): Forecast.p_within
     a_seed_half_range: float | None = None
 
 
@@ -127,6 +128,7 @@ class VariantRow:
                 out["A_lo"], out["A_hi"] = f.a_interval
             out.update(R0=f.R0, sse=f.sse, a_at_edge=f.a_at_edge, b_at_bound=f.b_at_bound, pooled=f.pooled)
             out.update(predictable=f.predictable, predictability=f.predictability, expected_error=f.expected_error)
+            out["p_within"] = f.p_within
         out["note"] = self.note
         if f is not None and f.a_seed_half_range is not None:
             out["A_seed_half_range"] = f.a_seed_half_range
@@ -184,6 +186,7 @@ def _fit_cells(g: pd.DataFrame, f: Any, fc: Forecast, settings: FitSettings) -> 
         predictable=fc.verdict.predictable,
         predictability=fc.verdict.text(),
         expected_error=fc.expected_error,
+        p_within=fc.p_within,
     )
     note = "; ".join(filter(None, [*f.warnings, pool_note]))
     if g["seed"].nunique() > 1 and ceiling is not None:  # the paper's run-to-run spread of the ceiling

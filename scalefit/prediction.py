@@ -43,7 +43,8 @@ from scalefit.slower_or_lower import Knee, Separation, knee_from_data, separate
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
-SHAPE_PRIOR_SD = 0.035  # the sigmoid's shape error at 2x its data before any backtest: the tuning studies' (docs/benchmarks.md)
+# the sigmoid's shape error (sd) at 2x its data before any backtest: the tuning studies' (docs/benchmarks.md)
+SHAPE_PRIOR_SD = 0.035
 SHAPE_PRIOR_WEIGHT = 4.0  # that prior's weight, in backtests
 # a backtest informs the shape error when it looked ahead at least this share of the question's
 # distance in log-compute: nearer ones answer another question (a prefix's spread a short way ahead)
@@ -345,6 +346,13 @@ class Forecast(CurveForecast):
     def mean_windows(self) -> tuple[int, ...]:
         """Numbers of successive evaluations whose mean ``target_band`` can predict (none: one evaluation)."""
         return ()
+
+    @property
+    def p_within(self) -> float | None:
+        """The probability that what the verdict is about (the seeds' mean at the target) lands within
+        ±margin of the prediction; the verdict's *predictable* needs it >= ``level``. None: this model
+        judges by its backtests' error instead (a variant fitted alone)."""
+        return None
 
     def structure_doubts(self, design: CurveFit | None = None) -> list[str]:
         """Residual structure the curve does not explain (``design``: the points the noise was measured on)."""

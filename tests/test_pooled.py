@@ -16,7 +16,7 @@ from scalefit.curve import sigmoid
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.pooled import fit_campaign
 from scalefit.pooled_forecast import campaign_bootstrap, forecast_campaign
-from scalefit.prediction import MIN_BACKTESTS, Backtest, call_difference
+from scalefit.prediction import MIN_BACKTESTS, Backtest, call_difference, score_backtest
 from scalefit.seeds import deviation_pool
 from scalefit.synthetic import campaign_runs
 
@@ -124,11 +124,70 @@ def test_a_k_seed_band_carries_sigma_squared_over_k():
     df = campaign_runs(truth, seeds=3, c_max=12_000, n_points=25, drift_sd=0.01, seed_sd=0.01, seed=5)
     fc = forecast_campaign(_fit(df), n_resamples=400, backtest=False)["v0"]
     t = [24_000.0]
-    a, b = fc.noise_var[1]
-    per_run = a + b * 2.0  # the run's variance line at twice the fitted range
+    a, b, floor = fc.noise_var[1]
+    # the run's variance at twice the fitted range: its line, or a random walk's growth if faster
+    per_run = max(a + b * 2.0, floor + (a + b - floor) * 2.0)
     v1, v4 = np.var(fc.target_draws(t, 1)), np.var(fc.target_draws(t, 4))
-    assert per_run > 0 and v1 - v4 == pytest.approx(fc.calibration**2 * per_run * (1 - 1 / 4), rel=0.25)
+    assert per_run > 0 and v1 - v4 == pytest.approx(per_run * (1 - 1 / 4), rel=0.25)
     assert fc.expected_error_at(t, 4) < fc.expected_error_at(t, 1)
+
+
+def test_the_seeds_noise_past_the_data_grows_at_least_as_a_random_walk():
+    """Issue 58: a pool whose variance line is flat (slope 0) gave the noise at 2x equal to the noise
+    at 1x; past the data the part above the evaluation's floor now grows in proportion to compute."""
+    truth = {"v0": (3000, 1.9, 0.65), "v1": (3500, 1.9, 0.62), "v2": (2500, 1.9, 0.68)}
+    df = campaign_runs(truth, seeds=3, c_max=12_000, n_points=25, drift_sd=0.0, seed_sd=0.01, seed=5)
+    fc = forecast_campaign(_fit(df), n_resamples=100, backtest=False)["v0"]
+    fc.noise_var = {1: (0.0004, 0.0, 0.0001), 3: (0.0003, 0.0, 0.0001 / 3)}  # flat lines, as on loo-gpu7's replicate
+    fc.shared_var = 0.0
+    c_fit = float(fc.fit.compute.max())
+    at_1, at_2, at_4 = (fc.noise_sd(c_fit * r, 1) for r in (1.0, 2.0, 4.0))
+    assert at_1 == pytest.approx(0.02)  # within the data: the line
+    assert at_2 == pytest.approx(np.sqrt(0.0001 + 0.0003 * 2)) and at_4 == pytest.approx(np.sqrt(0.0001 + 0.0003 * 4))
+    fc.noise_var = {1: (0.0001, 0.0009, 0.0001), 3: (0.0001, 0.0009, 0.0001)}  # a line steeper than the walk: kept
+    assert fc.noise_sd(c_fit * 2, 1) == pytest.approx(np.sqrt(0.0001 + 0.0009 * 2))
+
+
+def test_the_shape_error_is_additive_and_can_narrow_the_fit_but_never_the_seeds():
+    """calibrate: backtests that missed by more than they claimed add a shape error; ones that landed
+    closer take variance from the fit's spread (not below zero), never from the seeds' noise."""
+    from scalefit.prediction import SHAPE_PRIOR_SD, SHAPE_PRIOR_WEIGHT, Calibration, calibrate
+
+    def bts(err: float, sd: float, n: int = 40) -> list[Backtest]:
+        return [Backtest(1000.0, 2000.0, 0.5 + err * (-1) ** i, 0.5, sd, 2.0, 2) for i in range(n)]
+
+    prior = SHAPE_PRIOR_WEIGHT * SHAPE_PRIOR_SD**2
+    wide = calibrate(bts(0.05, 0.02))
+    assert wide.shape_var == pytest.approx((prior + 40 * (0.05**2 - 0.02**2)) / (SHAPE_PRIOR_WEIGHT + 40))
+    close = calibrate(bts(0.0, 0.05))
+    assert close.shape_var < 0 and close.backtests == 40
+    assert calibrate([]).shape_var == pytest.approx(SHAPE_PRIOR_SD**2)  # no backtest: the prior
+    near = [Backtest(1000.0, 1200.0, 0.6, 0.5, 0.01, 2.0, 2)]  # 1.2x ahead for a 2x question: another question
+    assert calibrate(near).backtests == 0
+    rng = np.random.default_rng(0)
+    fit_dev, noise = rng.normal(0, 0.01, (20_000, 1)), rng.normal(0, 0.02, (20_000, 1))
+    point = np.zeros((1, 1))
+    shrunk = Calibration(-0.0004, 10).widen(point, fit_dev, noise, [2000.0], 1000.0, 0)
+    assert np.var(shrunk) == pytest.approx(0.02**2, rel=0.05)  # the fit's 0.01 gone, the seeds' 0.02 kept
+    grown = Calibration(0.0009, 10).widen(point, fit_dev, noise, [4000.0], 1000.0, 0)  # 2 doublings past
+    assert np.var(grown) == pytest.approx(0.01**2 + 0.02**2 + 4 * 0.0009, rel=0.05)
+    inside = Calibration(0.0009, 10).widen(point, fit_dev, noise, [800.0], 1000.0, 0)
+    assert np.var(inside) == pytest.approx(0.01**2 + 0.02**2, rel=0.05)  # within the data: no shape error
+
+
+def test_a_backtest_is_scored_on_the_questions_target_the_mean_of_the_last_w():
+    truth = {"v0": (3000, 1.9, 0.65), "v1": (3500, 1.9, 0.62), "v2": (2500, 1.9, 0.68)}
+    df = campaign_runs(truth, seeds=3, c_max=12_000, n_points=25, drift_sd=0.01, seed_sd=0.01, seed=5)
+    cfit = _fit(df)
+    fc = forecast_campaign(cfit, n_resamples=100, backtest=False)["v0"]
+    f = cfit.fits["v0"]
+    c = np.unique(f.compute)
+    (origin,) = c[c <= c.max() / 2][-1:]
+    bt = score_backtest(fc, float(origin), f.compute, f.value, 2.0, window=3)
+    last3 = np.unique(f.compute[(f.compute > origin) & (f.compute <= bt.target)])[-3:]
+    assert bt.observed == pytest.approx(np.mean([f.value[f.compute == x].mean() for x in last3]))
+    assert bt.predicted == pytest.approx(float(f.predict(last3).mean()))
+    assert bt.n_runs == 3
 
 
 def _planner_campaign(seed_sd: float, seeds: int = 4, variants: int = 8) -> pd.DataFrame:

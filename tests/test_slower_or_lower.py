@@ -405,3 +405,43 @@ def test_the_recorded_default_campaign_calls_its_axis_alike_on_both_cpus(tmp_pat
     assert -0.05 < zv["call_lo"] < zv["call_hi"] < 0.05, zv[["call_lo", "call_hi"]]
     assert not t.loc["baseline", "a_at_edge"] and t.loc["baseline", "A_hi"] < 1.0 - 1e-9, t.loc["baseline"]
     assert "no difference" in res.stdout and "its interval is inside ±0.05" in res.stdout, res.stdout
+
+
+def test_each_forecast_s_p_within_the_margin_is_in_the_table_the_summary_and_mlflow(efficiency_table, tmp_path):
+    """Issue 58: P(the seeds' mean at the target lands within ±margin) is a number in the table, the
+    terminal summary and an MLflow tag on every run of the variant, and *predictable* is P >= the level."""
+    from mlflow.tracking import MlflowClient
+
+    from analysis.loo import tag_p_within
+    from analysis.render import to_markdown
+    from analysis.summary import summary
+    from runners.tracking import store
+
+    df, table, _, settings = efficiency_table
+    t = table.reset_index(drop=True)
+    banded = t[t["p_within"].notna()]
+    assert len(banded) >= 2 and banded["p_within"].between(0, 1).all()
+    for _, r in banded.iterrows():
+        assert bool(r["predictable"]) <= (r["p_within"] >= settings.level), r["predictability"]
+        assert (
+            r["predictable"]
+            or "probability" not in r["predictability"]
+            or f"{r['p_within']:.2f}" in r["predictability"]
+        )
+    md = to_markdown(t)
+    assert all(f"P {p:.2f}: " in md for p in banded["p_within"])
+    text = summary(t, tmp_path, margin=settings.margin)
+    head = next(line for line in text.splitlines() if line.startswith("variant"))
+    assert " P " in head
+    base = next(line for line in text.splitlines() if line.startswith("baseline"))
+    p = t.loc[t["variant"] == "baseline", "p_within"].iloc[0]
+    assert f"{p:.2f}".lstrip("0") in base
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.create_experiment("c")
+    ids = {run: client.create_run(exp, run_name=run).info.run_id for run in df["run"].unique()}
+    df = df.assign(run_id=df["run"].map(ids))
+    tag_p_within(df, t, client)
+    tags = {run: client.get_run(i).data.tags.get(store.P_WITHIN) for run, i in ids.items()}
+    assert float(tags["baseline/seed0"]) == pytest.approx(p, abs=1e-3)
+    tag_p_within(df, t.drop(columns=["p_within"]), client)
+    assert store.P_WITHIN not in client.get_run(ids["baseline/seed0"]).data.tags

@@ -52,6 +52,7 @@ ABANDONED_REASON = "prl.abandoned_reason"
 PLACEMENT = "prl.placement"  # where the run's latest attempt ran: a Ray node, a SLURM job and host
 IMPORTED_FROM = "prl.imported_from"  # a copied run's source run id: a second import skips it
 READING = "prl.reading"  # set by `analysis fit`: slower or lower against the baseline (scalefit.slower_or_lower)
+P_WITHIN = "prl.p_within"  # set by `analysis fit`: P(its seeds' mean at the forecast's target lands within ±margin)
 UNSTABLE = "prl.unstable"  # set by `analysis fit`: where the run left its sibling seeds (scalefit.unstable)
 BASE_MODEL = "prl.base_model"  # the embedded build a run starts from (``size-buildkey``), or its model.path
 BASE_WEIGHTS = "prl.base_weights"  # the sha256 of the weights it starts from (``runners.task.weights``)
