@@ -480,20 +480,22 @@ def test_off_policy_and_batch_shape_map_to_trl(algo, k, micro, updates, accum):
 
 
 def test_loss_type_mapping():
+    """Each loss's TRL arguments: its loss type, ratio level and its own settings, nothing else's
+    (SAPO has no epsilon; the clipped losses leave SAPO's temperatures at TRL's defaults)."""
     expected = {
-        "cispo": ("cispo", "token", 0.2, 5.0),
-        "dapo": ("dapo", "token", 0.2, 0.28),
-        "gspo": ("dapo", "sequence", 3e-3, 4e-3),
+        "cispo": ("cispo", "token", {"epsilon": 0.2, "epsilon_high": 5.0}),
+        "dapo": ("dapo", "token", {"epsilon": 0.2, "epsilon_high": 0.28}),
+        "gspo": ("dapo", "sequence", {"epsilon": 3e-3, "epsilon_high": 4e-3}),
+        "sapo": ("sapo", "token", {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}),
     }
-    assert set(expected) | {"sapo"} == set(LOSSES)  # a new loss in runners.losses gets its expected TRL arguments here
-    for loss, (lt, level, eps, eps_hi) in expected.items():
+    assert set(expected) == set(LOSSES)  # a new loss in runners.losses gets its expected TRL arguments here
+    own = {"epsilon", "epsilon_high", "sapo_temperature_pos", "sapo_temperature_neg"}
+    for loss, (lt, level, args) in expected.items():
         t = trl_args(make_recipe(algorithm={"loss": loss}))
         assert (t["loss_type"], t["importance_sampling_level"]) == (lt, level)
-        assert math.isclose(t["epsilon"], eps) and math.isclose(t["epsilon_high"], eps_hi)
-        assert "sapo_temperature_pos" not in t  # TRL's own default, which the loss does not read
+        assert {k: v for k, v in t.items() if k in own} == pytest.approx(args)
     t = trl_args(make_recipe(algorithm={"loss": "sapo", "sapo_temperature_pos": 0.5}))
-    assert (t["loss_type"], t["importance_sampling_level"]) == ("sapo", "token")
-    assert (t["sapo_temperature_pos"], t["sapo_temperature_neg"]) == (0.5, 1.05) and "epsilon" not in t
+    assert (t["sapo_temperature_pos"], t["sapo_temperature_neg"]) == (0.5, 1.05)
 
 
 def test_pipeline_lag_trains_on_the_batch_generated_lag_steps_earlier(random_model_dir, tmp_path):
