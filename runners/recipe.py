@@ -106,7 +106,7 @@ class DataConfig:
 
 @dataclass
 class _Algorithm:
-    loss: str = "cispo"  # a name in runners.losses.LOSSES (cispo | dapo | gspo | sapo)
+    loss: str = "cispo"  # a name in runners.losses.LOSSES: a module of runners/losses/ each
     fp32_lm_head: bool = True
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"

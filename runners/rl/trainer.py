@@ -1,6 +1,6 @@
 """``ScaleRLTrainer``: TRL's ``GRPOTrainer`` plus the ScaleRL design axes TRL lacks.
 
-TRL provides the losses (CISPO, DAPO, GSPO via sequence-level ratios), the FP32 LM head,
+TRL provides the losses (CISPO, DAPO, GSPO via sequence-level ratios, SAPO), the FP32 LM head,
 advantage normalisation (``scale_rewards``), PPO-off-policy-k (``steps_per_generation``)
 and the soft overlong punishment. This subclass adds, through TRL's own extension
 points and without copying its code:
