@@ -7,6 +7,8 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
+from runners.recipe import Recipe
+
 # column → (metric logged by the trainer, how a run's history is reduced, what it shows)
 MECHANISMS: dict[str, tuple[str, str, str]] = {
     "staleness": (
@@ -48,6 +50,9 @@ KEY_COLUMNS: dict[str, tuple[str, ...]] = {
     "algorithm.advantage_norm": (),
 }
 NOT_SETTINGS = ("name", "train.seed")  # recipe params that differ between runs of one setting
+# A recipe key a run did not log (an option newer than the run, or a loss's setting: runners.losses)
+# it ran at its default: compared as that, so a new option alone makes no variant a control.
+DEFAULTS = {k: str(v) for k, v in Recipe().flat().items()}
 RELATIVE = 0.05  # a mechanism metric this far from the baseline's (relative) counts as acting
 
 
@@ -65,7 +70,11 @@ def mechanism_runs(curves: pd.DataFrame, client: MlflowClient) -> pd.DataFrame:
     rows = []
     for r in runs.itertuples():
         mine = params[r.run_id]
-        changed = {k for k in set(mine) | set(base) if k not in NOT_SETTINGS and mine.get(k) != base.get(k)}
+        changed = {
+            k
+            for k in set(mine) | set(base)
+            if k not in NOT_SETTINGS and mine.get(k, DEFAULTS.get(k)) != base.get(k, DEFAULTS.get(k))
+        }
         row = {
             "variant": r.variant,
             "axis": r.axis if isinstance(r.axis, str) else "",

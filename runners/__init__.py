@@ -1,7 +1,7 @@
 """RL runs on TRL and campaigns of them: what produces the runs that ``analysis`` reads.
 
 - ``recipe``: the typed recipe (YAML → dataclasses, errors that name the fix), shared by all below;
-  ``losses``: the losses it may name, one row each (TRL's loss type, its clip);
+  ``losses/``: the losses it may name, one module each (TRL's loss type, its settings, its normaliser);
 - ``rl/``: the RL core — the trainer (``ScaleRLTrainer`` on TRL's ``GRPOTrainer``), its sampling,
   sharding, the one recipe→TRL mapping (``plan``), memory estimate, and ``train``;
 - ``task/``: the embedded world a laptop runs offline — the arithmetic task, its tokenizer, the base

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from runners.losses import LOSSES
 from runners.recipe import Recipe
 from runners.task.sizes import BUILD_VERSION, build_key
 
@@ -15,6 +16,10 @@ from runners.task.sizes import BUILD_VERSION, build_key
 # finished run is reused only while its recipe and this version are unchanged. Refactors,
 # fixes elsewhere and new options that default to the old behaviour leave it alone.
 RUN_VERSION = 2
+
+# The first losses' settings: every identity recorded before losses declared their own settings (issue
+# 61) holds them, whichever loss ran. Any later loss's settings name a run only where they matter.
+FIRST_LOSS_SETTINGS = ("cispo_epsilon_max", "dapo_epsilon", "gspo_epsilon")
 
 
 def code_version() -> str:
@@ -33,5 +38,21 @@ def run_key(recipe: Recipe, **context: str) -> str:
     resolved = recipe.to_dict()
     if m.build_seed is None:  # the key is newer than most runs: left out unset, their identities stay
         del resolved["model"]["build_seed"]
+    for key in idle_loss_settings(recipe):  # newer too: left out where they change nothing
+        del resolved["algorithm"][key]
     blob = json.dumps({"recipe": resolved, "code": code_version(), **base, **context}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def idle_loss_settings(recipe: Recipe) -> list[str]:
+    """The loss settings left out of a run's identity: those of a loss the recipe does not run, at
+    their default, other than :data:`FIRST_LOSS_SETTINGS` (so no recorded identity changes, and a
+    value that differs from its default still names another run)."""
+    a = recipe.algorithm
+    return [
+        s.key
+        for loss in LOSSES.values()
+        if loss.name != a.loss
+        for s in loss.settings
+        if s.key not in FIRST_LOSS_SETTINGS and getattr(a, s.key) == s.default
+    ]

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import yaml
 
-from runners.losses import LOSSES
+from runners.losses import LOSSES, setting_fields, unknown_setting
 from runners.task.rewards import NAMES as REWARD_NAMES
 from runners.task.sizes import SIZES, base_model_path
 from runners.task.tasks import ArithmeticTask
@@ -105,11 +105,8 @@ class DataConfig:
 
 
 @dataclass
-class AlgorithmConfig:
-    loss: str = "cispo"  # a name in runners.losses.LOSSES (cispo | dapo | gspo); its row names its clip below
-    cispo_epsilon_max: float = 5.0
-    dapo_epsilon: tuple[float, float] = (0.2, 0.28)
-    gspo_epsilon: tuple[float, float] = (3e-3, 4e-3)
+class _Algorithm:
+    loss: str = "cispo"  # a name in runners.losses.LOSSES: a module of runners/losses/ each
     fp32_lm_head: bool = True
     aggregation: Literal["prompt", "sample", "token"] = "prompt"
     advantage_norm: Literal["batch", "prompt", "none"] = "batch"
@@ -120,6 +117,13 @@ class AlgorithmConfig:
     off_policy: Literal["pipeline", "ppo"] = "pipeline"
     off_policy_k: int = 8
     pipeline_lag: int = 0  # pipeline: train on the batch generated this many steps earlier (<= off_policy_k)
+
+
+# The algorithm section: the settings above, then each loss's own (``runners.losses``: cispo_epsilon_max,
+# dapo_epsilon, gspo_epsilon, sapo_temperature_pos, ...), which its module declares with their defaults.
+AlgorithmConfig = dataclasses.make_dataclass(
+    "AlgorithmConfig", setting_fields(), bases=(_Algorithm,), namespace={"__module__": __name__}
+)
 
 
 @dataclass
@@ -382,6 +386,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
     kwargs = {}
     for key, value in data.items():
         dotted = f"{where}.{key}" if where else str(key)
+        if key not in names and cls is AlgorithmConfig and (why := unknown_setting(str(key))):
+            raise RecipeError(f"unknown key {dotted!r}: {why}")
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -530,11 +536,12 @@ def _check_bertscore(r: Recipe) -> None:
 def _check_algorithm(r: Recipe) -> None:
     a = r.algorithm
     _require(a.loss in LOSSES, f"algorithm.loss = {a.loss!r} is not allowed; choose one of: {', '.join(LOSSES)}")
-    for loss in LOSSES.values():  # every loss's clip, whichever loss runs
-        clip = getattr(a, loss.epsilon_field)
-        problem = loss.clip_problem(clip)
-        shown = list(clip) if isinstance(clip, tuple) else clip
-        _require(problem is None, f"algorithm.{loss.epsilon_field} = {shown}: {problem}")
+    for loss in LOSSES.values():  # every loss's settings, whichever loss runs
+        for s in loss.settings:
+            value = getattr(a, s.key)
+            problem = s.check(value)
+            shown = list(value) if isinstance(value, tuple) else value
+            _require(problem is None, f"algorithm.{s.key} = {shown}: {problem}")
     _require(0 < a.npr_threshold <= 1, f"algorithm.npr_threshold = {a.npr_threshold}: must be in (0, 1]")
     _require(a.off_policy_k >= 1, f"algorithm.off_policy_k = {a.off_policy_k}: must be >= 1")
     _require(

@@ -521,11 +521,14 @@ def test_mechanism_table_says_which_axis_acted(tmp_path, store_template):
         "aggregation=sample": {"algorithm.aggregation": "sample"},
         "renamed=dapo": {"algorithm.loss": "dapo"},  # an axis its campaign calls 'renamed': still the loss's
         "control=lr": {"optim.lr": "0.00015"},
+        # a run of newer code logs settings the baseline's did not know (SAPO's, at their defaults)
+        "loss=sapo": {"algorithm.loss": "sapo", "algorithm.sapo_temperature_pos": "1.0"},
     }
     logged[("renamed=dapo", 0)] = {"clip_ratio/region_mean": [0.004, 0.006]}
     logged[("control=lr", 0)] = {"clip_ratio/region_mean": [0.0, 0.0]}
     logged[("imported=old", 0)] = {"clip_ratio/region_mean": [0.004, 0.006]}  # a run that logged no recipe
     logged[("same=recipe", 0)] = {}
+    logged[("loss=sapo", 0)] = {}
     rows = []
     for (variant, seed), metrics in logged.items():
         run = client.create_run(exp).info.run_id
@@ -540,6 +543,7 @@ def test_mechanism_table_says_which_axis_acted(tmp_path, store_template):
         axis = variant.split("=")[0] if "=" in variant else None
         rows.append({"run_id": run, "variant": variant, "axis": axis, "seed": seed})
     runs = mechanism_runs(pd.DataFrame(rows), client)
+    assert runs.set_index("variant").loc["loss=sapo", "keys"] == {"algorithm.loss"}  # not a control
     table = acted(runs, identical={"sampling=uniform"}).set_index("variant")
     assert table.loc["fp32=off", "acted"].startswith("acted: logp mismatch")
     assert table.loc["fp32=same", "acted"].startswith("did not act")

@@ -181,6 +181,27 @@ def test_aggregation_weights_ignore_dropped_prompts():
     torch.testing.assert_close(w[4:], torch.full((4,), 1.0))  # one prompt kept: weights = N / L_group = 1
 
 
+def test_aggregation_weights_for_a_per_sequence_normaliser_reproduce_hand_averages():
+    """SAPO's normaliser (TRL's ``sapo``): each completion's token sum over its own length, then the
+    mean over every completion of the batch, dropped ones included (TRL's mean counts each row)."""
+    torch.manual_seed(0)
+    lengths = torch.tensor([3, 1, 2, 2, 4, 1, 1, 2, 2, 2, 2, 2])
+    keep = torch.tensor([True] * 8 + [False] * 4)  # the third prompt left the loss: its mask is zero
+    lengths = lengths * keep
+    per_token = [torch.randn(int(n)) for n in lengths]
+
+    def aggregated(mode):
+        w = aggregation_weights(lengths, keep, G, mode, "sequence_mean")
+        return sum(w[i] * per_token[i].sum() / max(int(lengths[i]), 1) for i in range(12)) / 12
+
+    token = torch.cat(per_token).mean()
+    sample = torch.stack([t.mean() for t in per_token[:8]]).mean()
+    prompt = torch.stack([torch.cat(per_token[:4]).mean(), torch.cat(per_token[4:8]).mean()]).mean()
+    torch.testing.assert_close(aggregated("token"), token)
+    torch.testing.assert_close(aggregated("sample"), sample)
+    torch.testing.assert_close(aggregated("prompt"), prompt)
+
+
 # --- loss types ------------------------------------------------------------------------
 
 
@@ -192,7 +213,14 @@ def _policy_logps(trainer, inputs):
     return logps[:, -inputs["completion_ids"].shape[1] :]
 
 
-@pytest.mark.parametrize("loss", ["cispo", "dapo", "gspo"])
+def _sapo_per_token(recipe, log_ratio, adv):
+    """SAPO's per-token loss by hand: -sigmoid(tau (r - 1)) 4/tau A, tau by the advantage's sign."""
+    a = recipe.algorithm
+    tau = torch.where(adv > 0, a.sapo_temperature_pos, a.sapo_temperature_neg)
+    return -torch.sigmoid(tau * (log_ratio.exp() - 1)) * 4 / tau * adv
+
+
+@pytest.mark.parametrize("loss", ["cispo", "dapo", "gspo", "sapo"])
 def test_loss_matches_hand_computation(random_model_dir, tmp_path, loss):
     recipe = make_recipe(algorithm={"loss": loss, "aggregation": "token", "zero_variance_filter": False})
     trainer = make_trainer(random_model_dir, recipe, tmp_path, reward_funcs=[ScriptedReward([])])
@@ -210,6 +238,12 @@ def test_loss_matches_hand_computation(random_model_dir, tmp_path, loss):
     adv = out["advantages"].unsqueeze(1)
     log_ratio = logp - old
     a = recipe.algorithm
+    if loss == "sapo":  # no clip, and TRL's mean over completions of their token means
+        per_token = _sapo_per_token(recipe, log_ratio, adv)
+        per_completion = (per_token * mask).sum(1) / mask.sum(1).clamp(min=1)
+        expected = per_completion.mean() / trainer.current_gradient_accumulation_steps
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+        return
     if loss == "cispo":
         per_token = -torch.clamp(log_ratio.exp(), max=a.cispo_epsilon_max) * adv * logp
     else:
@@ -222,6 +256,71 @@ def test_loss_matches_hand_computation(random_model_dir, tmp_path, loss):
     scale = trainer.current_gradient_accumulation_steps / trainer.args.steps_per_generation
     expected = (per_token * mask).sum() / (n * scale)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["prompt", "sample", "token"])
+@pytest.mark.parametrize("rewards", [REWARDS, [1.0, -1.0, -1.0, 1.0, 1.0, 1.0, 1.0, 1.0]], ids=["kept", "one-dropped"])
+def test_sapo_aggregation_is_the_wanted_average(tiny_base, tmp_path, mode, rewards):
+    """``algorithm.aggregation`` under SAPO, whose TRL normaliser is a mean over completions of their
+    token means (not CISPO/DAPO's token sum): the loss TRL computes from the weighted advantages is
+    the average the recipe asks for, of SAPO's per-token losses at the unweighted advantages, the
+    zero-variance prompt (``one-dropped``) left out. Weights made for a token-sum normaliser give
+    another number (the completions are of unequal lengths)."""
+    recipe = make_recipe(algorithm={"loss": "sapo", "aggregation": mode})
+    trainer = make_trainer(tiny_base, recipe, tmp_path, reward_funcs=[ScriptedReward([])])  # it ends its answers
+    torch.manual_seed(0)
+    out = scored_batch(trainer, rewards)
+    mask = out["completion_mask"].float()
+    lengths = mask.sum(1)
+    assert len(set(lengths[lengths > 0].tolist())) > 1  # unequal lengths: the normalisers differ
+    with torch.no_grad():
+        logp = _policy_logps(trainer, out)
+    old = logp + 0.3 * torch.randn_like(logp)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    got = trainer._compute_loss(trainer.model, {**out, "old_per_token_logps": old}).detach()
+    got = got * trainer.current_gradient_accumulation_steps
+
+    adv = expected_advantages(rewards, "batch").unsqueeze(1)  # before any weight
+    per_token = _sapo_per_token(recipe, logp - old, adv) * mask
+    kept = lengths > 0
+    assert kept.sum() == (8 if rewards == REWARDS else 4)
+    if mode == "token":
+        want = per_token.sum() / mask.sum()
+    elif mode == "sample":
+        want = (per_token.sum(1)[kept] / lengths[kept]).mean()
+    else:
+        groups = [slice(0, G), slice(G, 2 * G)]
+        want = torch.stack([per_token[g].sum() / mask[g].sum() for g in groups if mask[g].sum() > 0]).mean()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_sapo_trains_the_embedded_model(tiny_base, tmp_path):
+    """``algorithm.loss: sapo`` end to end on the embedded tiny model: TRL runs its ``sapo`` loss
+    with the recipe's temperatures, the weights move, and they end elsewhere than CISPO's from the
+    same seed and batches."""
+    from safetensors.torch import load_file
+
+    from runners.rl.train import train
+
+    weights = {}
+    for loss in ("sapo", "cispo"):
+        r = make_recipe(
+            algorithm={"loss": loss, "sapo_temperature_neg": 2.0},
+            data={"reward": {"exact_match": 1.0, "format": 0.5}},  # rewards that vary, so every step trains
+            train={"steps": 2, "save_every": 2},
+        )
+        train(r, tmp_path / loss, log=lambda m: None)
+        checkpoint = tmp_path / loss / "checkpoints" / "checkpoint-2"
+        weights[loss] = load_file(checkpoint / "model.safetensors")
+        args = torch.load(checkpoint / "training_args.bin", weights_only=False)
+        assert (args.loss_type, args.sapo_temperature_pos, args.sapo_temperature_neg) == (
+            ("sapo", 1.0, 2.0) if loss == "sapo" else ("cispo", 1.0, 1.05)
+        )
+    base = load_file(tiny_base / "model.safetensors")
+    assert all(torch.isfinite(w).all() for w in weights["sapo"].values())
+    assert any(not torch.equal(weights["sapo"][k], base[k]) for k in base)  # it trained
+    assert any(not torch.equal(weights["sapo"][k], weights["cispo"][k]) for k in base)  # as SAPO, not CISPO
 
 
 # --- FP32 LM head -----------------------------------------------------------------------
@@ -381,16 +480,22 @@ def test_off_policy_and_batch_shape_map_to_trl(algo, k, micro, updates, accum):
 
 
 def test_loss_type_mapping():
+    """Each loss's TRL arguments: its loss type, ratio level and its own settings, nothing else's
+    (SAPO has no epsilon; the clipped losses leave SAPO's temperatures at TRL's defaults)."""
     expected = {
-        "cispo": ("cispo", "token", 0.2, 5.0),
-        "dapo": ("dapo", "token", 0.2, 0.28),
-        "gspo": ("dapo", "sequence", 3e-3, 4e-3),
+        "cispo": ("cispo", "token", {"epsilon": 0.2, "epsilon_high": 5.0}),
+        "dapo": ("dapo", "token", {"epsilon": 0.2, "epsilon_high": 0.28}),
+        "gspo": ("dapo", "sequence", {"epsilon": 3e-3, "epsilon_high": 4e-3}),
+        "sapo": ("sapo", "token", {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05}),
     }
     assert set(expected) == set(LOSSES)  # a new loss in runners.losses gets its expected TRL arguments here
-    for loss, (lt, level, eps, eps_hi) in expected.items():
+    own = {"epsilon", "epsilon_high", "sapo_temperature_pos", "sapo_temperature_neg"}
+    for loss, (lt, level, args) in expected.items():
         t = trl_args(make_recipe(algorithm={"loss": loss}))
         assert (t["loss_type"], t["importance_sampling_level"]) == (lt, level)
-        assert math.isclose(t["epsilon"], eps) and math.isclose(t["epsilon_high"], eps_hi)
+        assert {k: v for k, v in t.items() if k in own} == pytest.approx(args)
+    t = trl_args(make_recipe(algorithm={"loss": "sapo", "sapo_temperature_pos": 0.5}))
+    assert (t["sapo_temperature_pos"], t["sapo_temperature_neg"]) == (0.5, 1.05)
 
 
 def test_pipeline_lag_trains_on_the_batch_generated_lag_steps_earlier(random_model_dir, tmp_path):

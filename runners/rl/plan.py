@@ -32,13 +32,8 @@ def trl_args(r: Recipe, world_size: int = 1) -> dict[str, Any]:
             f"{r.mini_batch // world_size} completions on {world_size} processes; use a divisor of it"
         )
     grad_accum = r.mini_batch // (micro * world_size)
-    loss = LOSSES[a.loss]  # TRL's token-level normalisers (cispo, dapo): see runners.rl.trainer
-    eps_low, eps_high = loss.trl_epsilons(getattr(a, loss.epsilon_field))
     return {
-        "loss_type": loss.trl_loss_type,
-        "importance_sampling_level": loss.importance_sampling_level,
-        "epsilon": eps_low,
-        "epsilon_high": eps_high,
+        **LOSSES[a.loss].trl_args(a),  # loss_type, importance_sampling_level and the loss's own settings
         "cast_lm_head_to_fp32": a.fp32_lm_head,
         "scale_rewards": ADVANTAGE[a.advantage_norm],
         "num_generations": r.batch.generations,
@@ -150,11 +145,13 @@ def format_plan(r: Recipe, layout: Layout | None = None) -> str:
     out = [f"Batch plan for recipe {r.name!r}", ""]
     out += [f"  {q:<{w1}}  {v:<{w2}}  ← {how}" for q, v, how in rows]
     a, t = r.algorithm, trl_args(r)
+    loss = LOSSES[a.loss]
+    own = "".join(f", {k}={v}" for k, v in loss.trl(**loss.values(a)).items())
     out += [
         "",
         "  Algorithm → TRL:",
         f"    loss {a.loss} → loss_type={t['loss_type']!r}, importance_sampling_level="
-        f"{t['importance_sampling_level']!r}, epsilon={t['epsilon']}, epsilon_high={t['epsilon_high']}",
+        f"{t['importance_sampling_level']!r}{own} ({loss.normaliser.replace('_', ' ')} normaliser)",
         f"    aggregation {a.aggregation} → per-completion advantage weights (runners.rl.trainer)",
         f"    advantage_norm {a.advantage_norm} → scale_rewards={t['scale_rewards']!r}",
         f"    advantage_baseline {a.advantage_baseline}"

@@ -1,14 +1,15 @@
 """``ScaleRLTrainer``: TRL's ``GRPOTrainer`` plus the ScaleRL design axes TRL lacks.
 
-TRL provides the losses (CISPO, DAPO, GSPO via sequence-level ratios), the FP32 LM head,
+TRL provides the losses (CISPO, DAPO, GSPO via sequence-level ratios, SAPO), the FP32 LM head,
 advantage normalisation (``scale_rewards``), PPO-off-policy-k (``steps_per_generation``)
 and the soft overlong punishment. This subclass adds, through TRL's own extension
 points and without copying its code:
 
-- loss aggregation ``prompt`` / ``sample`` / ``token``: TRL's token-level normaliser is
-  kept (loss types ``cispo`` and ``dapo``) and each completion's advantage is scaled by
-  a positive weight so that the sum equals the wanted average. Both losses are linear in
-  a positive advantage scale, so this is exact;
+- loss aggregation ``prompt`` / ``sample`` / ``token``: TRL's normaliser is kept (the
+  loss's own, ``runners.losses``: a token sum for ``cispo`` and ``dapo``, a mean of
+  per-completion means for ``sapo``) and each completion's advantage is scaled by a
+  positive weight so that the sum equals the wanted average. These losses are linear in
+  a positive advantage scale (SAPO's temperature follows the advantage's sign), so this is exact;
 - zero-variance filtering: prompts whose rewards are all equal leave the loss and its
   normaliser (their completion mask is zeroed); the batch shrinks, no resampling;
 - No-Positive-Resampling: pass-rate history per prompt, gathered across processes, feeds
@@ -48,6 +49,7 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
+from runners.losses import LOSSES, Normaliser
 from runners.recipe import Recipe
 from runners.rl.profiling import PhaseProfiler
 from runners.rl.sampling import NoPositiveResamplingSampler
@@ -69,25 +71,37 @@ def zero_variance_groups(values: torch.Tensor, group_size: int) -> torch.Tensor:
     return (grouped.amax(1) - grouped.amin(1)).abs() < 1e-6
 
 
-def aggregation_weights(lengths: torch.Tensor, keep: torch.Tensor, group_size: int, mode: str) -> torch.Tensor:
-    """Per-completion weights that turn a token-sum / total-tokens loss into the wanted average.
+def aggregation_weights(
+    lengths: torch.Tensor, keep: torch.Tensor, group_size: int, mode: str, normaliser: Normaliser = "token_sum"
+) -> torch.Tensor:
+    """Per-completion weights on the advantages that turn the loss TRL normalises into the wanted average.
 
-    With loss = sum_i w_i sum_t l_it / N (N = kept tokens):
-    ``token``  → w = 1: mean over all tokens;
-    ``sample`` → w_i = N / (n_kept * L_i): mean over completions of their token mean;
-    ``prompt`` → w_i = N / (n_kept_prompts * L_group(i)): mean over prompts of the token mean of
-    all their completions (ScaleRL's prompt-level average). Dropped completions weigh 0.
+    ``normaliser`` is the loss's (``runners.losses``). With per-token losses l_it, completion lengths
+    L_i, N kept tokens, n completions (kept or not: TRL's mean counts every row) and m_i = sum_t l_it / L_i:
+    ``token_sum`` (CISPO, DAPO, GSPO): loss = sum_i w_i L_i m_i / N;
+    ``sequence_mean`` (SAPO): loss = sum_i w_i m_i / n. The wanted averages:
+    ``token``  → mean over all kept tokens, sum_i L_i m_i / N;
+    ``sample`` → mean over kept completions of their token mean, sum_i m_i / n_kept;
+    ``prompt`` → mean over kept prompts of the token mean of all their completions,
+    sum_i L_i m_i / (n_kept_prompts L_group(i)) (ScaleRL's prompt-level average).
+    Dropped completions weigh 0.
     """
     lengths = lengths.float()
     total = (lengths * keep).sum()
-    if mode == "sample":
-        weight = total / (keep.sum().clamp(min=1) * lengths.clamp(min=1))
-    elif mode == "prompt":
+    if normaliser == "token_sum":  # TRL weighs each completion's token sum 1/N
+        numerator = total
+    elif normaliser == "sequence_mean":  # TRL weighs each completion's token sum 1/(n L_i)
+        numerator = lengths.numel() * lengths
+    else:
+        raise ValueError(f"unknown normaliser {normaliser!r}")
+    if mode == "token":  # the wanted weight on a token sum is 1/N
+        weight = torch.ones_like(lengths) if normaliser == "token_sum" else numerator / total.clamp(min=1)
+    elif mode == "sample":  # 1/(n_kept L_i)
+        weight = numerator / (keep.sum().clamp(min=1) * lengths.clamp(min=1))
+    elif mode == "prompt":  # 1/(n_kept_prompts L_group(i))
         group_tokens = (lengths * keep).view(-1, group_size).sum(1).repeat_interleave(group_size)
         n_prompts = keep.view(-1, group_size)[:, 0].sum().clamp(min=1)
-        weight = total / (n_prompts * group_tokens.clamp(min=1))
-    elif mode == "token":
-        weight = torch.ones_like(lengths)
+        weight = numerator / (n_prompts * group_tokens.clamp(min=1))
     else:
         raise ValueError(f"unknown aggregation {mode!r}")
     return torch.where(keep, weight, torch.zeros_like(weight))
@@ -329,7 +343,7 @@ class ScaleRLTrainer(GRPOTrainer):
         out["completion_mask"] = mask
         lengths = self.accelerator.gather(mask.sum(1))  # every process's completions, in order
         out["num_items_in_batch"] = lengths.sum()
-        weight = aggregation_weights(lengths, keep, g, algo.aggregation)
+        weight = aggregation_weights(lengths, keep, g, algo.aggregation, LOSSES[algo.loss].normaliser)
         out["advantages"] = out["advantages"] * weight[local].to(out["advantages"].dtype)
         m = self._metrics["train"]
         m["filter/zero_variance_frac"].append(zero_var.float().mean().item())
