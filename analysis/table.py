@@ -561,10 +561,11 @@ def _predicted_end(f: CurveFit, fc: Forecast, end: _End, k: int) -> dict[str, An
     cells[f"error_last{k}"] = pred_k - end.observed_k
     lo, hi = fc.target_band([end.x], end.seeds)
     sd = fc.expected_error_at([end.x], end.seeds)
-    lo_k, hi_k, sd_k = np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
+    lo_k, hi_k, sd_k, lift_k = np.nan, np.nan, np.nan, np.nan  # no noise estimate for a window this short: no band
     if end.window in fc.mean_windows:
         lo_k, hi_k = fc.target_band(end.x_tail, end.seeds, window=end.window)
         sd_k = fc.expected_error_at(end.x_tail, end.seeds, end.window)
+        lift_k = float(fc.open_rise(end.x_tail).mean())  # how far an open ceiling lifted the band's top
     cells.update(band_lo=lo, band_hi=hi, in_band=bool(lo <= end.observed <= hi), z=(pred - end.observed) / sd)
     cells.update(
         {
@@ -573,6 +574,7 @@ def _predicted_end(f: CurveFit, fc: Forecast, end: _End, k: int) -> dict[str, An
             f"in_band_last{k}": bool(lo_k <= end.observed_k <= hi_k),
             f"z_last{k}": cells[f"error_last{k}"] / sd_k,
             f"expected_error_last{k}": sd_k,
+            f"open_rise_last{k}": lift_k,
         }
     )
     return cells
