@@ -11,8 +11,9 @@ from pathlib import Path
 
 from runners.campaign.spec import CampaignError
 from runners.launch import TrainCall, train_command
-from runners.locks import Busy, die_with_parent
+from runners.locks import Busy
 from runners.modes import GroupError, restricted
+from runners.parent_death import die_with_parent
 from runners.recipe import RecipeError, load_recipe, parse_override
 from runners.runfolder import RunFolderError
 from runners.threads import configure
