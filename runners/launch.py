@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runners.contract import BEST_MEAN_AT_16
 from runners.locks import writer
 from runners.parent_death import parent_death_preexec
 from runners.recipe import Recipe, RecipeError
@@ -129,7 +130,7 @@ def train_here(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
     t0 = time.perf_counter()
     claim(run_dir, recipe)  # another run's folder is refused before an MLflow run, torch or a model
     if call.untracked and (done := finished(run_dir)) is not None:
-        log(f"{run_dir} is finished: best mean@16 {done['val/best_mean_at_16']:.3f}; nothing to train")
+        log(f"{run_dir} is finished: best mean@16 {done[BEST_MEAN_AT_16]:.3f}; nothing to train")
         return 0
     if main_process and not call.untracked:
         final = _train_tracked(recipe, call, run_dir, log)
@@ -140,7 +141,7 @@ def train_here(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
 
         final = train(recipe, run_dir, log=log)
     log(
-        f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "
+        f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final[BEST_MEAN_AT_16]:.3f}, "
         f"{final['compute/gpu_hours']:.4f} device-hours"
     )
     _leave_process_group()
@@ -157,7 +158,7 @@ def _train_tracked(recipe: Recipe, call: TrainCall, run_dir: Path, log: Callable
         done = finished(run_dir)
         if tracked_done and done is not None:
             log(
-                f"{run_dir} is finished (MLflow run {run_id}): best mean@16 {done['val/best_mean_at_16']:.3f}; "
+                f"{run_dir} is finished (MLflow run {run_id}): best mean@16 {done[BEST_MEAN_AT_16]:.3f}; "
                 "nothing to train"
             )
             return None

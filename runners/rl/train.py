@@ -33,7 +33,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
-from runners.contract import DONE_FILE, MEAN_AT_16, PASS_AT_16, STOP_FILE
+from runners.contract import BEST_MEAN_AT_16, DONE_FILE, MEAN_AT_16, PASS_AT_16, STOP_FILE
 from runners.recipe import Recipe, RecipeError
 from runners.rl.memory import check_fits, estimate, largest_part
 from runners.rl.plan import peft_config, trl_args
@@ -380,7 +380,7 @@ def train(
     claim(run_dir, recipe)
     done = finished(run_dir)
     if done is not None:
-        log(f"[{recipe.name}] {run_dir} is finished: best mean@16 {done['val/best_mean_at_16']:.3f}; nothing to train")
+        log(f"[{recipe.name}] {run_dir} is finished: best mean@16 {done[BEST_MEAN_AT_16]:.3f}; nothing to train")
         return done
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     disable_progress_bars()
@@ -393,7 +393,7 @@ def train(
     trainer, progress = _trainer(recipe, run_dir, sinks or [], log, extra_args or {}, callbacks or [])
     last = _resume_point(trainer, progress, run_dir, log)
     _train_rest(trainer, last, layout, run_dir, log)
-    final = {"val/best_mean_at_16": progress.best, **progress.compute()}
+    final = {BEST_MEAN_AT_16: progress.best, **progress.compute()}
     if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
         return {**final, "stopped_at_step": progress.stopped_at}
     if trainer.accelerator.is_main_process:
