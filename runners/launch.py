@@ -19,7 +19,7 @@ from runners.contract import BEST_MEAN_AT_16
 from runners.locks import writer
 from runners.parent_death import parent_death_preexec
 from runners.recipe import Recipe, RecipeError
-from runners.runfolder import RunFolderError, cache_problem, check_writable, claim, default_run_dir, finished
+from runners.runfolder import RunFolderError, cache_problem, check_run_folder_writable, claim, default_run_dir, finished
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ def train_command(recipe: Recipe, call: TrainCall) -> int:
         problem := cache_problem(recipe.model.size, recipe.data.task, None, recipe.model.build_seed)
     ):
         raise RunFolderError(problem)  # a base model to build into a read-only cache: before a run or the build
-    check_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
+    check_run_folder_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
     with writer(run_dir, recipe):  # this process is the folder's one writer, for the whole run
         if call.gpus > 1:
             return launch_distributed(recipe, call, run_dir)
@@ -60,7 +60,7 @@ def train_command(recipe: Recipe, call: TrainCall) -> int:
 def launch_distributed(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
     """Re-run this command as ``call.gpus`` processes through ``accelerate launch`` (DDP; gloo on CPU,
     NCCL on GPUs)."""
-    from runners.tracking.servers import free_port
+    from runners.tracking.server_processes import free_port
 
     n = call.gpus
     if n < 2:

@@ -40,7 +40,7 @@ from runners.rl.plan import peft_config, trl_args
 from runners.rl.profiling import PhaseProfiler
 from runners.rl.sharding import Layout, full_parameters, is_sharded, save_full_model
 from runners.rl.trainer import ScaleRLTrainer
-from runners.runfolder import RunFolderError, append_json_line, check_writable, claim, disk_full, finished
+from runners.runfolder import RunFolderError, append_json_line, check_run_folder_writable, claim, disk_full, finished
 from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
 from runners.task.data import load_rows
 from runners.task.evaluation import evaluate
@@ -376,7 +376,7 @@ def train(
     """Run (or resume) one recipe in its folder; returns the final evaluation and compute. A folder
     of another run is refused (``RunFolderError``); a finished one trains nothing."""
     run_dir = Path(run_dir)
-    check_writable(run_dir)
+    check_run_folder_writable(run_dir)
     claim(run_dir, recipe)
     done = finished(run_dir)
     if done is not None:

@@ -261,7 +261,7 @@ def _stop(running: list[_Running]) -> None:
     """Stop the running runs (SIGTERM, SIGKILL after 20 s); a re-run resumes them from their checkpoints."""
     import psutil
 
-    from runners.tracking.servers import stop
+    from runners.tracking.server_processes import stop
 
     procs = []
     for r in running:
