@@ -144,7 +144,7 @@ def train_here(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
         f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final[BEST_MEAN_AT_16]:.3f}, "
         f"{final['compute/gpu_hours']:.4f} device-hours"
     )
-    _leave_process_group()
+    _end_rank()  # a rank of several processes ends here
     return 0
 
 
@@ -171,12 +171,24 @@ def _train_tracked(recipe: Recipe, call: TrainCall, run_dir: Path, log: Callable
     return final
 
 
-def _leave_process_group() -> None:
-    """Under accelerate, the ranks leave their process group together, as PyTorch asks of a
-    finished script: a rank that exits while another still holds the group can abort it (gloo,
-    seen as SIGABRT after 'done' on a 2-process CPU run)."""
+def _end_rank() -> None:
+    """Under accelerate, end this rank once its run is done: the ranks leave their process group
+    together (a barrier, then ``destroy_process_group``), run the exit handlers (MLflow's, logging's),
+    flush, and exit 0 without finalizing the interpreter. Finalizing it aborted a finished rank now
+    and then (SIGABRT, "terminate called without an active exception", seen on a loaded machine):
+    DTensor's caches keep FSDP 2's device mesh and through it the gloo group alive past
+    ``destroy_process_group``, so gloo's worker threads live on into finalization, where one that
+    frees a tensor takes the GIL and Python ends it with ``pthread_exit``, which C++ answers with
+    ``std::terminate``. Outside a process group (a single process), nothing."""
+    import atexit
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
