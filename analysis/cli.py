@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runners.modes import restricted
+    from runners.permissions import restricted
 
     args = build_parser().parse_args(argv)
     try:

@@ -72,7 +72,7 @@ def _seed_values(g: pd.DataFrame, x: str, where: float, last_k: int) -> pd.DataF
 
 
 @dataclass
-class SeedSpread:
+class PooledSeedSd:
     """Pooled seed-to-seed sd at one fraction of the budget."""
 
     fraction: float
@@ -93,7 +93,7 @@ class SeedSpread:
         )
 
 
-def seed_spread(curves: pd.DataFrame, x: str, fraction: float = 1.0, last_k: int = 3) -> SeedSpread:
+def pooled_seed_sd(curves: pd.DataFrame, x: str, fraction: float = 1.0, last_k: int = 3) -> PooledSeedSd:
     """Pooled sd of each seed around its variant's seed mean at ``fraction`` of the variant's budget
     (the smallest final compute of its seeds), over every variant with two seeds or more."""
     ss_f = ss_k = 0.0
@@ -107,8 +107,8 @@ def seed_spread(curves: pd.DataFrame, x: str, fraction: float = 1.0, last_k: int
         ss_k += float(((vals["last_k"] - vals["last_k"].mean()) ** 2).sum())
         dof += len(vals) - 1
     if not dof:
-        return SeedSpread(fraction, np.nan, np.nan, 0, last_k)
-    return SeedSpread(fraction, math.sqrt(ss_f / dof), math.sqrt(ss_k / dof), dof, last_k)
+        return PooledSeedSd(fraction, np.nan, np.nan, 0, last_k)
+    return PooledSeedSd(fraction, math.sqrt(ss_f / dof), math.sqrt(ss_k / dof), dof, last_k)
 
 
 def evaluation_noise(curves: pd.DataFrame, x: str) -> dict[str, float]:
@@ -152,7 +152,7 @@ class Plan:
     x: str
     margin: float
     last_k: int
-    spread: dict[float, SeedSpread]  # fraction of the budget -> spread
+    spread: dict[float, PooledSeedSd]  # fraction of the budget -> spread
     noise: dict[str, float]
     rows: list[dict[str, Any]] = field(default_factory=list)  # one per comparison
     build_sd: dict[str, Any] = field(default_factory=dict)  # σ_b, τ, σ_s and where they come from (``build_spread``)
@@ -255,7 +255,7 @@ def _fmt(v: float) -> str:
 
 def plan(curves: pd.DataFrame, x: str, margin: float = DEFAULT_MARGIN, last_k: int = FitSettings.last_k) -> Plan:
     """The campaign's seed spread, evaluation noise, resolvable differences and seeds needed."""
-    spread = {f: seed_spread(curves, x, f, last_k) for f in (1.0, 0.5)}
+    spread = {f: pooled_seed_sd(curves, x, f, last_k) for f in (1.0, 0.5)}
     p = Plan(x, margin, last_k, spread, evaluation_noise(curves, x), build_sd=build_spread(curves))
     seeds = curves.groupby("variant", sort=False)["seed"].nunique()
     if "baseline" in seeds:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from runners.contract import MEAN_AT_16
 from runners.task.sizes import SIZES, parameter_count
 from scalefit.errors import FitError
 from scalefit.outputs import write_json
@@ -34,7 +35,7 @@ def scale_curves(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_sizes(
-    curves: pd.DataFrame, out: Path, x: str, *, holdout: str | None = None, y: str = "val/mean_at_16"
+    curves: pd.DataFrame, out: Path, x: str, *, holdout: str | None = None, y: str = MEAN_AT_16
 ) -> list[str]:
     """Write ``sizes.csv``, and where there are enough sizes the forecast of ``holdout`` (default: the
     largest) with the backtest (``sizes.md``), as data (``sizes.json``) and the plot (``sizes.png``);

@@ -11,7 +11,8 @@
 - ``campaign/``: campaigns — spec, loading and expansion, runs, adaptive stops, the backends (local,
   Ray, SLURM) that run them;
 - ``setup/``: installation — the pinned installs, wheels for offline machines;
-- ``locks``: one writer at a time; ``launch``: one run from the command line (several processes
-  through accelerate);
+- ``locks``: one writer at a time; ``parent_death``: children that die with their starter;
+  ``permissions``: who may read what the project writes; ``launch``: one run from the command line
+  (several processes through accelerate);
 - ``cli``: ``python -m runners …``, its arguments (it calls into the modules above).
 """

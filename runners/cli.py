@@ -11,13 +11,14 @@ from pathlib import Path
 
 from runners.campaign.spec import CampaignError
 from runners.launch import TrainCall, train_command
-from runners.locks import Busy, die_with_parent
-from runners.modes import GroupError, restricted
+from runners.locks import Busy
+from runners.parent_death import die_with_parent
+from runners.permissions import GroupError, restricted
 from runners.recipe import RecipeError, load_recipe, parse_override
 from runners.runfolder import RunFolderError
 from runners.threads import configure
 from runners.tracking.postgres import PostgresError
-from runners.tracking.servers import ServerError
+from runners.tracking.server_processes import ServerError
 from runners.tracking.store import StoreError
 
 
@@ -76,7 +77,7 @@ def cmd_base_model(args: argparse.Namespace) -> int:
 
 def cmd_campaign(args: argparse.Namespace) -> int:
     from runners.campaign.runs import CampaignStopped, run_campaign, signal_of, stop_code
-    from runners.tracking.serve import Stopped, stop_on_signals
+    from runners.tracking.mlflow_server import Stopped, stop_on_signals
     from runners.tracking.store import check_store, default_tracking_uri
 
     check_store(default_tracking_uri())  # a corrupt store is one line, before a lock, a server or a run

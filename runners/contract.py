@@ -9,6 +9,8 @@ from __future__ import annotations
 # Metrics every run logs at step 0 and every eval.every steps.
 MEAN_AT_16 = "val/mean_at_16"
 PASS_AT_16 = "val/pass_at_16"
+# Logged once, at a run's end (and in its done.json): the best MEAN_AT_16 of its evaluations.
+BEST_MEAN_AT_16 = "val/best_mean_at_16"
 # The compute axes logged beside them (a fit's x): device-hours (wall-clock × devices),
 # completions generated, tokens processed, and FLOPs estimated from them.
 COMPUTE_METRICS = ("compute/gpu_hours", "compute/samples", "compute/tokens", "compute/flops")

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runners.contract import BEST_MEAN_AT_16
 from runners.locks import writer
 from runners.parent_death import parent_death_preexec
 from runners.recipe import Recipe, RecipeError
-from runners.runfolder import RunFolderError, cache_problem, check_writable, claim, default_run_dir, finished
+from runners.runfolder import RunFolderError, cache_problem, check_run_folder_writable, claim, default_run_dir, finished
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ def train_command(recipe: Recipe, call: TrainCall) -> int:
         problem := cache_problem(recipe.model.size, recipe.data.task, None, recipe.model.build_seed)
     ):
         raise RunFolderError(problem)  # a base model to build into a read-only cache: before a run or the build
-    check_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
+    check_run_folder_writable(run_dir)  # before a lock, an MLflow run or a model: one line for a read-only folder
     with writer(run_dir, recipe):  # this process is the folder's one writer, for the whole run
         if call.gpus > 1:
             return launch_distributed(recipe, call, run_dir)
@@ -59,7 +60,7 @@ def train_command(recipe: Recipe, call: TrainCall) -> int:
 def launch_distributed(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
     """Re-run this command as ``call.gpus`` processes through ``accelerate launch`` (DDP; gloo on CPU,
     NCCL on GPUs)."""
-    from runners.tracking.servers import free_port
+    from runners.tracking.server_processes import free_port
 
     n = call.gpus
     if n < 2:
@@ -129,7 +130,7 @@ def train_here(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
     t0 = time.perf_counter()
     claim(run_dir, recipe)  # another run's folder is refused before an MLflow run, torch or a model
     if call.untracked and (done := finished(run_dir)) is not None:
-        log(f"{run_dir} is finished: best mean@16 {done['val/best_mean_at_16']:.3f}; nothing to train")
+        log(f"{run_dir} is finished: best mean@16 {done[BEST_MEAN_AT_16]:.3f}; nothing to train")
         return 0
     if main_process and not call.untracked:
         final = _train_tracked(recipe, call, run_dir, log)
@@ -140,10 +141,10 @@ def train_here(recipe: Recipe, call: TrainCall, run_dir: Path) -> int:
 
         final = train(recipe, run_dir, log=log)
     log(
-        f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final['val/best_mean_at_16']:.3f}, "
+        f"done in {time.perf_counter() - t0:.0f} s: best mean@16 {final[BEST_MEAN_AT_16]:.3f}, "
         f"{final['compute/gpu_hours']:.4f} device-hours"
     )
-    _leave_process_group()
+    _end_rank()  # a rank of several processes ends here
     return 0
 
 
@@ -157,7 +158,7 @@ def _train_tracked(recipe: Recipe, call: TrainCall, run_dir: Path, log: Callable
         done = finished(run_dir)
         if tracked_done and done is not None:
             log(
-                f"{run_dir} is finished (MLflow run {run_id}): best mean@16 {done['val/best_mean_at_16']:.3f}; "
+                f"{run_dir} is finished (MLflow run {run_id}): best mean@16 {done[BEST_MEAN_AT_16]:.3f}; "
                 "nothing to train"
             )
             return None
@@ -170,12 +171,24 @@ def _train_tracked(recipe: Recipe, call: TrainCall, run_dir: Path, log: Callable
     return final
 
 
-def _leave_process_group() -> None:
-    """Under accelerate, the ranks leave their process group together, as PyTorch asks of a
-    finished script: a rank that exits while another still holds the group can abort it (gloo,
-    seen as SIGABRT after 'done' on a 2-process CPU run)."""
+def _end_rank() -> None:
+    """Under accelerate, end this rank once its run is done: the ranks leave their process group
+    together (a barrier, then ``destroy_process_group``), run the exit handlers (MLflow's, logging's),
+    flush, and exit 0 without finalizing the interpreter. Finalizing it aborted a finished rank now
+    and then (SIGABRT, "terminate called without an active exception", seen on a loaded machine):
+    DTensor's caches keep FSDP 2's device mesh and through it the gloo group alive past
+    ``destroy_process_group``, so gloo's worker threads live on into finalization, where one that
+    frees a tensor takes the GIL and Python ends it with ``pthread_exit``, which C++ answers with
+    ``std::terminate``. Outside a process group (a single process), nothing."""
+    import atexit
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

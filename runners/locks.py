@@ -1,6 +1,5 @@
 """One writer at a time: exclusive locks on what a process writes (a run folder, a campaign on a
-store), the holder named to whoever is refused, and processes that die with the process that
-started them.
+store), the holder named to whoever is refused.
 
 A lock is ``filelock``'s (``flock``): the kernel releases it when its holder dies, ``kill -9``
 included, so no lock outlives its process. Beside it, ``<lock>.json`` names the holder (pid,
@@ -20,13 +19,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from runners.parent_death import set_parent_death_signal
 from runners.recipe import Recipe
 from runners.runfolder import claim
-
-#: Set in the environment of a process a campaign starts: the starter's pid. The child, on
-#: Linux, asks the kernel to kill it when that parent dies (``die_with_parent``).
-PARENT_ENV = "PRL_DIE_WITH_PARENT"
 
 
 class Busy(RuntimeError):
@@ -71,24 +65,6 @@ def hold(lock_path: Path, what: str, advice: str) -> Iterator[None]:
     finally:
         record.unlink(missing_ok=True)
         lock.release()
-
-
-def child_env() -> dict[str, str]:
-    """Environment for a child that must not outlive this process (``die_with_parent``)."""
-    return {PARENT_ENV: str(os.getpid())}
-
-
-def die_with_parent() -> None:
-    """In a process started with ``child_env()`` (a campaign's trainer) or by an ``accelerate``/
-    ``torchrun`` launcher (a rank of a distributed run): die when the starter dies, so that a
-    campaign killed with ``kill -9`` leaves no trainer writing in its run folder. A starter that
-    died before this line ran is caught by comparing the parent's pid."""
-    starter = os.environ.pop(PARENT_ENV, None)
-    if starter is None and "TORCHELASTIC_RUN_ID" not in os.environ:
-        return  # started by a user: it may outlive its shell (nohup), as any command may
-    set_parent_death_signal()  # SIGKILL
-    if starter is not None and os.getppid() != int(starter):
-        os._exit(1)  # the campaign is already gone
 
 
 LOCK_FILE = "train.lock"  # in a run's folder, held by the process that trains it

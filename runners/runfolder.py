@@ -8,7 +8,7 @@ refused in one line naming the keys that differ. ``done.json`` there means the r
 nothing left to train. The process that trains a folder holds its lock for the whole run
 (``runners.locks.writer``). ``store.json`` names the MLflow store (and run) the folder's run
 is tracked in, so that a campaign pointed at another store can say so (``remember_store``). A
-folder created here is private to its owner (``runners.modes``).
+folder created here is private to its owner (``runners.permissions``).
 
 Faults, each naming the folder and the fix: a folder this process cannot write (checked before
 anything loads), a disk that fills up mid-run, and a JSON-lines file appended to so that a line a
@@ -35,7 +35,7 @@ from typing import Any
 
 from runners.contract import DONE_FILE, STOP_FILE
 from runners.identity import code_version, run_key
-from runners.modes import make_dir
+from runners.permissions import make_dir
 from runners.recipe import Recipe, RecipeError, load_recipe
 from runners.task.sizes import base_model_path
 from runners.task.tasks import ArithmeticTask
@@ -65,7 +65,7 @@ def _size(n: float) -> str:
     return f"{n / 1024:.1f} GiB"
 
 
-def check_writable(folder: Path) -> None:
+def check_run_folder_writable(folder: Path) -> None:
     """Create ``folder`` if needed and make sure files can be created in it (and in its
     ``checkpoints/`` and ``best/`` if there) and its existing files appended to; else
     ``RunFolderError`` naming the folder. A real write is tried: root ignores permission bits,

@@ -110,7 +110,7 @@ def one(args: argparse.Namespace) -> None:
 
 def launch(args: argparse.Namespace, model: Path | None) -> list[str]:
     from runners.recipe import load_recipe
-    from runners.tracking.servers import free_port
+    from runners.tracking.server_processes import free_port
 
     recipe = load_recipe(args.recipe, overrides(args))
     inner = ["-m", "tests.bench_fsdp", args.recipe, "--one", "--run-dir", str(args.run_dir)]

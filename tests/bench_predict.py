@@ -394,11 +394,11 @@ def _call_label(measured: str) -> str:
 def score_campaign(name: str, curves: pd.DataFrame, fit: dict, n_resamples: int) -> pd.DataFrame:
     """One row per variant and method: the half-budget prediction of the last-3 mean, scored."""
     from analysis.loo import calls, campaign_model, extrapolation_check, measured_at_budget
-    from analysis.planner import seed_spread
+    from analysis.planner import pooled_seed_sd
     from runners.campaign.spec import fit_settings
 
     x = fit.get("x", REAL_X)
-    sd = seed_spread(curves, x, 1.0, LAST_K)
+    sd = pooled_seed_sd(curves, x, 1.0, LAST_K)
     measured = measured_at_budget(curves, x, fit.get("margin", MARGIN), last_k=LAST_K)
     truth_call = dict(zip(measured["variant"], measured[f"measured_last{LAST_K}_label"].map(_call_label), strict=True))
     lo_hi = zip(measured[f"measured_last{LAST_K}_lo"], measured[f"measured_last{LAST_K}_hi"], strict=True)

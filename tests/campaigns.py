@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from runners.tracking.serve import answers
+from runners.tracking.mlflow_server import answers
 
 TINY = {  # the tiny model's cheapest run: a few seconds a step on one CPU core
     "model.size": "tiny",

@@ -175,7 +175,7 @@ def session_server(tmp_path_factory, store_template) -> Iterator[str]:
     none (~7 s of CPU and a wait for each campaign on 2 cores). Each test names its own experiment.
     The tests of the server a campaign starts, and of kills that take it down, keep a store each
     (``own_store``)."""
-    from runners.tracking.serve import local_server
+    from runners.tracking.mlflow_server import local_server
 
     root = tmp_path_factory.mktemp("session-server")
     uri = empty_store(store_template, root / "mlflow.db")

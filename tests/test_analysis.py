@@ -575,7 +575,7 @@ def test_make_lab_serves_the_notebook_on_localhost_with_a_token_over_the_project
 
     import psutil
 
-    from runners.tracking.servers import free_port
+    from runners.tracking.server_processes import free_port
 
     root = Path(__file__).resolve().parent.parent
     port = free_port()

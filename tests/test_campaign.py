@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from runners.campaign.load import expand, load_campaign
 from runners.campaign.runs import run_campaign
 from runners.campaign.spec import CampaignError
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.campaigns import TINY, assert_ran_together, history_steps, trainers, wait_healthy, write_campaign
 from tests.conftest import empty_store
 
@@ -257,13 +257,13 @@ def _stale_server(tmp_path: Path, store: str) -> tuple[Path, int, int]:
     """A local server whose campaign was killed with SIGKILL together with the server's main
     process (``kill -9`` of both, the OOM killer): its record, the main pid and the pid of the
     uvicorn worker left running."""
-    from runners.tracking.serve import server_record
+    from runners.tracking.mlflow_server import server_record
 
     starter = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from runners.tracking.serve import local_server\n"
+            "import sys, time; from pathlib import Path; from runners.tracking.mlflow_server import local_server\n"
             "with local_server(sys.argv[1], Path(sys.argv[2]), log=lambda m: None):\n"
             "    time.sleep(600)",
             store,
@@ -296,7 +296,7 @@ def test_a_server_left_by_a_killed_campaign_is_stopped_by_the_next(tmp_path, sto
     its uvicorn worker serving (a child of init); the next server for the same store finds it
     through its record (the token in its environment) and stops it. Before, the record was
     dropped because the main process was dead, and the worker leaked."""
-    from runners.tracking.serve import local_server
+    from runners.tracking.mlflow_server import local_server
 
     store = empty_store(store_template, tmp_path / "mlflow.db")
     record, stale_pid, worker = _stale_server(tmp_path, store)
@@ -350,7 +350,7 @@ def test_a_local_server_runs_tracking_only(tmp_path, store_template):
     unless told not to; a campaign's server is the server and its uvicorn worker, no more.
     ``mlflow server`` starts uvicorn, then (when on) the job runner, then waits on uvicorn: once its
     main process waits, whatever it starts has started, however slow the machine (no fixed sleep)."""
-    from runners.tracking.serve import local_server, server_record
+    from runners.tracking.mlflow_server import local_server, server_record
 
     store = empty_store(store_template, tmp_path / "mlflow.db")
     with local_server(store, tmp_path / "art", log=lambda m: None) as url:
@@ -368,7 +368,7 @@ def test_a_local_server_runs_tracking_only(tmp_path, store_template):
 def test_a_starting_server_says_what_it_is_waiting_for(tmp_path):
     """A first start creates the store's tables (seconds to a minute on a loaded machine): the
     server is announced before the wait and said ready, with the time it took, after it."""
-    from runners.tracking.serve import local_server
+    from runners.tracking.mlflow_server import local_server
 
     store, lines = f"sqlite:///{tmp_path / 'mlflow.db'}", []
     with local_server(store, tmp_path / "art", log=lines.append) as url:
@@ -703,8 +703,8 @@ def test_a_metric_write_the_server_refuses_for_a_while_is_retried_until_it_lands
     backoff: here the server is down for the first attempts and comes back on the same port."""
     import threading
 
+    from runners.tracking.mlflow_server import local_server
     from runners.tracking.run import MlflowSink
-    from runners.tracking.serve import local_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own retries off: ours are tested
     # the sink's first delay, then every second for its whole two minutes: the write lands within a

@@ -78,7 +78,7 @@ def test_a_corrupt_store_is_one_line_naming_it_from_each_command(tmp_path, monke
     naming the file and what to do, before a lock, a server, a run folder, a fit folder or an MLflow
     run; the file is left as it was (before: an 83-line SQLAlchemy traceback, 67 lines from the UI's
     server; `analysis fit` made artifacts/campaigns/NAME/fit first, issue 60 items 5 and 11)."""
-    from runners.tracking.servers import free_port
+    from runners.tracking.server_processes import free_port
 
     db = tmp_path / "mlflow.db"
     said = _corrupt_store(db, store_template, damage)

@@ -26,7 +26,7 @@ import yaml
 from runners.recipe import RecipeError, load_recipe
 from runners.rl.memory import Dims, check_fits, estimate
 from runners.rl.sharding import Layout
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.conftest import SMALL_RUN, cpu_only_env
 
 ROOT = Path(__file__).resolve().parent.parent

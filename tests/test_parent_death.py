@@ -1,20 +1,31 @@
 """Linux's parent-death signal (runners/parent_death.py), on real processes: a child started with
-``parent_death_preexec`` gets the signal when the thread that started it ends, and at once where
+``parent_death_preexec``, or with ``child_env()`` and arming itself (``die_with_parent``, as a
+campaign's trainer does), gets the signal when the thread that started it ends, and at once where
 its starter was gone before the signal was armed."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 
+import psutil
 import pytest
 
-from runners.parent_death import parent_death_preexec
+from runners.parent_death import PARENT_ENV, parent_death_preexec
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+#: a child of ours: it arms itself first thing, as ``runners.cli.main`` does
+ARMS_ITSELF = [
+    sys.executable,
+    "-c",
+    "from runners.parent_death import die_with_parent; die_with_parent(); print('armed', flush=True); "
+    "import time; time.sleep(60)",
+]
 
 
 def _started_in_a_thread(preexec: Callable[[], None] | None) -> subprocess.Popen:
@@ -57,6 +68,39 @@ def test_a_child_whose_starter_is_gone_dies_even_where_the_starter_handles_the_s
     )
     res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert res.stdout.strip() == str(-signal.SIGTERM), res.stderr[-2000:]
+
+
+def test_a_child_of_ours_dies_when_its_starter_is_killed():
+    """The same signal armed by the child itself (``child_env()``, then ``die_with_parent``): its
+    starter killed with SIGKILL, it goes too."""
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from runners.parent_death import child_env\n"
+        f"child = subprocess.Popen({ARMS_ITSELF!r}, env={{**os.environ, **child_env()}})\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    starter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, armed = int(starter.stdout.readline()), starter.stdout.readline()  # type: ignore[union-attr]
+        assert armed.strip() == "armed"
+        child = psutil.Process(pid)
+        starter.kill()
+        starter.wait()
+        assert not psutil.wait_procs([child], timeout=30)[1], "the child outlived its starter"
+    finally:
+        starter.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()
+
+
+def test_a_child_of_ours_whose_starter_is_already_gone_dies_at_once():
+    """``PRL_DIE_WITH_PARENT`` names a pid that is not the child's parent: its starter is gone."""
+    child = subprocess.Popen(ARMS_ITSELF, env={**os.environ, PARENT_ENV: "1"}, stdout=subprocess.DEVNULL)
+    try:
+        assert child.wait(timeout=60) != 0
+    finally:
+        child.kill()
 
 
 def test_without_the_signal_a_child_outlives_the_thread_that_started_it():

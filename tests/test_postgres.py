@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from runners.campaign.runs import run_campaign
 from runners.tracking.postgres import ROLE, PostgresCluster, find_bin
 from runners.tracking.run import MlflowSink
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.campaigns import assert_ran_together, history_steps, write_campaign
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another local user (runuser)")

@@ -23,7 +23,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runners.campaign.runs import run_campaign
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.campaigns import history_steps, trainers, write_campaign
 
 RAY = str(Path(sys.executable).parent / "ray")

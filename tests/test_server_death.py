@@ -21,9 +21,9 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.tracking import servers
+from runners.tracking import server_processes
+from runners.tracking.mlflow_server import server_record
 from runners.tracking.run import http_limits, request_error
-from runners.tracking.serve import server_record
 from tests.campaigns import history_steps, trainers, write_campaign
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def kill_server(store: str, artifacts: Path) -> tuple[int, list[int]]:
     """``kill -9`` of the campaign's MLflow server, its main process and its uvicorn worker; its port
     and the pids killed."""
     info = json.loads(server_record(store, artifacts).read_text())
-    procs = servers.processes(info["token"])
+    procs = server_processes.processes(info["token"])
     assert len(procs) == 2 and info["pid"] in [p.pid for p in procs], procs  # main + worker
     for p in procs:
         p.send_signal(signal.SIGKILL)

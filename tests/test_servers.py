@@ -15,7 +15,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.campaigns import wait_healthy
 from tests.conftest import empty_store
 
@@ -111,7 +111,7 @@ def test_a_stop_signal_inside_a_string_exec_still_exits_0(sig):
     CPython marks a KeyboardInterrupt raised there as unhandled for good. The handler now raises
     ``Stopped``; a command that catches it exits with what it returns."""
     code = (  # it ends as `python -m runners` does, by returning: sys.exit() would skip CPython's mark
-        "from runners.tracking.serve import Stopped, stop_on_signals\n"
+        "from runners.tracking.mlflow_server import Stopped, stop_on_signals\n"
         "stop_on_signals()\n"
         "try:\n"
         f"    exec('import os, signal; os.kill(os.getpid(), signal.{sig})')\n"

@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from runners.campaign.load import load_campaign
 from runners.campaign.runs import run_campaign
 from runners.campaign.spec import CampaignError
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.campaigns import history_steps, write_campaign
 
 DAEMONS = ("munged", "slurmctld", "slurmd")

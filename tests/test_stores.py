@@ -215,7 +215,7 @@ def test_import_and_ui_make_no_store_unasked(tmp_path, monkeypatch, store_templa
     folder, and the imported artifacts in ./mlruns), exited 0, and from then on a ``campaign`` with
     the same typo found a store and was no longer refused. Now both are refused as ``campaign`` is,
     nothing made; ``--new-store`` creates the store (private) where asked."""
-    from runners.tracking.servers import free_port
+    from runners.tracking.server_processes import free_port
 
     source = _source_store(store_template, tmp_path / "source.db")
     work = tmp_path / "work"
@@ -302,7 +302,7 @@ def test_prl_group_shares_stores_and_folders_with_a_group(tmp_path, monkeypatch,
 def test_analysis_fit_and_report_write_private_outputs(tmp_path, monkeypatch, store_template, cli):
     """Issue 60, item 12: ``analysis fit`` and ``analysis report`` wrote 0755 folders and 0644 files,
     so an ``artifacts/`` they made first stayed readable by every local account. Now they run with
-    a campaign's umask (``runners.modes``): under a umask of 0022, every folder and file each makes
+    a campaign's umask (``runners.permissions``): under a umask of 0022, every folder and file each makes
     (the fit's tables and plot, the report and its plots, the artifacts MLflow copies) has no group
     or other bits."""
     from mlflow.entities import Metric

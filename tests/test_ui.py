@@ -24,7 +24,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from runners.tracking import store as prl_store
-from runners.tracking.servers import free_port
+from runners.tracking.server_processes import free_port
 from tests.campaigns import wait_healthy
 
 

@@ -30,13 +30,13 @@ from runners.campaign.load import expand, load_campaign, size_budgets
 from runners.campaign.spec import BUILD_STRIDE, Campaign, CampaignError, RunSpec, fit_settings, fmt_value
 from runners.contract import STOP_FILE
 from runners.locks import hold
-from runners.modes import make_dir
+from runners.permissions import make_dir
 from runners.runfolder import has_history, recorded_store, remember_store, set_aside
 from runners.task.sizes import parameter_count
 from runners.task.weights import base_weights
 from runners.tracking import basemodels, lease, store
+from runners.tracking.mlflow_server import Stopped
 from runners.tracking.run import new_run
-from runners.tracking.serve import Stopped
 
 
 def status_of(run: Run | None) -> str:

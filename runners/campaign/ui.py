@@ -15,7 +15,7 @@ address that opens it, in the training-runs workflow, in chart mode. The experim
 shown above its runs, links the parent run's LOO table and plot. (MLflow's assistant panel opens
 on a first visit to a local server whatever the address says; one click closes it for good.)
 
-``open_ui`` is ``make ui``: ``mlflow ui`` over the store (``runners.tracking.serve``), with the
+``open_ui`` is ``make ui``: ``mlflow ui`` over the store (``runners.tracking.mlflow_server``), with the
 address of each campaign's curves.
 """
 
@@ -36,8 +36,8 @@ from runners.campaign.load import load_campaign
 from runners.campaign.spec import CampaignError, fit_settings
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.tracking import store
-from runners.tracking.serve import TRACKING_ONLY, Stopped, exit_reason, serve, stop_on_signals
-from runners.tracking.servers import ServerError
+from runners.tracking.mlflow_server import TRACKING_ONLY, Stopped, exit_reason, serve, stop_on_signals
+from runners.tracking.server_processes import ServerError
 
 VIEW_KEY = "prl-curves"  # the saved view's id: tag mlflow.sharedViewState.prl-curves, URL viewStateShareKey=
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"

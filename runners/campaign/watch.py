@@ -19,9 +19,9 @@ from pathlib import Path
 
 import psutil
 
-from runners.tracking import servers
-from runners.tracking.serve import local_server, server_record
-from runners.tracking.servers import ServerError, free_port
+from runners.tracking import server_processes
+from runners.tracking.mlflow_server import local_server, server_record
+from runners.tracking.server_processes import ServerError, free_port
 from runners.tracking.store import sqlite_file
 
 CHECK_EVERY = 1.0  # seconds between two checks of the server
@@ -124,7 +124,7 @@ class Watched:
         db = sqlite_file(self.backend_uri)
         if db is not None and not db.is_file():
             return f"its store {db} is gone", "put it back, then "
-        holder = servers.port_holder(self.port)
+        holder = server_processes.port_holder(self.port)
         if holder is not None:
             pid = holder.split()[1] if holder.startswith("pid ") else "PID"
             return f"port {self.port}, which its runs write to, is now held by {holder}", f"stop it (kill {pid}), then "
@@ -158,7 +158,7 @@ def _probe(url: str) -> str:
 
 @contextlib.contextmanager
 def watched_server(backend_uri: str, artifacts: Path, *, log: Callable[[str], None] = print) -> Iterator[Watched]:
-    """``tracking.serve.local_server`` for a campaign, kept alive by a watcher thread (which starts it, so
+    """``tracking.mlflow_server.local_server`` for a campaign, kept alive by a watcher thread (which starts it, so
     that it gets the parent-death signal only when the watcher ends); yields a ``Watched`` once it
     serves. A first start that fails raises here, as ``local_server`` would."""
     watched = Watched(backend_uri, artifacts, log)

@@ -33,14 +33,14 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig
 from trl.rewards import get_soft_overlong_punishment
 
-from runners.contract import DONE_FILE, MEAN_AT_16, PASS_AT_16, STOP_FILE
+from runners.contract import BEST_MEAN_AT_16, DONE_FILE, MEAN_AT_16, PASS_AT_16, STOP_FILE
 from runners.recipe import Recipe, RecipeError
 from runners.rl.memory import check_fits, estimate, largest_part
 from runners.rl.plan import peft_config, trl_args
 from runners.rl.profiling import PhaseProfiler
 from runners.rl.sharding import Layout, full_parameters, is_sharded, save_full_model
 from runners.rl.trainer import ScaleRLTrainer
-from runners.runfolder import RunFolderError, append_json_line, check_writable, claim, disk_full, finished
+from runners.runfolder import RunFolderError, append_json_line, check_run_folder_writable, claim, disk_full, finished
 from runners.task.basemodel import ensure_base_model, load_model_and_tokenizer, use_one_gpu
 from runners.task.data import load_rows
 from runners.task.evaluation import evaluate
@@ -376,11 +376,11 @@ def train(
     """Run (or resume) one recipe in its folder; returns the final evaluation and compute. A folder
     of another run is refused (``RunFolderError``); a finished one trains nothing."""
     run_dir = Path(run_dir)
-    check_writable(run_dir)
+    check_run_folder_writable(run_dir)
     claim(run_dir, recipe)
     done = finished(run_dir)
     if done is not None:
-        log(f"[{recipe.name}] {run_dir} is finished: best mean@16 {done['val/best_mean_at_16']:.3f}; nothing to train")
+        log(f"[{recipe.name}] {run_dir} is finished: best mean@16 {done[BEST_MEAN_AT_16]:.3f}; nothing to train")
         return done
     (run_dir / "recipe.yaml").write_text(recipe.to_yaml())
     disable_progress_bars()
@@ -393,7 +393,7 @@ def train(
     trainer, progress = _trainer(recipe, run_dir, sinks or [], log, extra_args or {}, callbacks or [])
     last = _resume_point(trainer, progress, run_dir, log)
     _train_rest(trainer, last, layout, run_dir, log)
-    final = {"val/best_mean_at_16": progress.best, **progress.compute()}
+    final = {BEST_MEAN_AT_16: progress.best, **progress.compute()}
     if progress.stopped_at is not None:  # not done: the rest of the budget was not spent
         return {**final, "stopped_at_step": progress.stopped_at}
     if trainer.accelerator.is_main_process:

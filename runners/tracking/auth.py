@@ -17,7 +17,7 @@ import os
 import secrets
 from pathlib import Path
 
-from runners.tracking.servers import ServerError
+from runners.tracking.server_processes import ServerError
 
 USER = "admin"
 # How long a worker trusts a credential it has checked. Each check is a deliberately slow password

@@ -20,9 +20,9 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from runners.tracking.auth import BasicAuth
+from runners.tracking.mlflow_server import Stopped, local_server, stop_on_signals, stop_stale_servers
 from runners.tracking.postgres import PostgresCluster
-from runners.tracking.serve import Stopped, local_server, stop_on_signals, stop_stale_servers
-from runners.tracking.servers import ServerError, check_port, free_port, owner
+from runners.tracking.server_processes import ServerError, check_port, free_port, owner
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 

@@ -23,7 +23,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.uri import is_local_uri
 
-from runners.modes import make_dir, make_file
+from runners.permissions import make_dir, make_file
 from runners.runfolder import SQLITE_FULL, full_disk
 
 DEFAULT_STORE = "mlflow.db"
@@ -152,7 +152,7 @@ def store_to_write(uri: str, *, new_store: bool = False) -> str:
 
 def create_store(uri: str) -> bool:
     """Create the SQLite store of ``uri`` (and its folder) if missing, private to its owner
-    (``runners.modes``: 0600, or PRL_GROUP's 0660; SQLite gives its journal files the same mode),
+    (``runners.permissions``: 0600, or PRL_GROUP's 0660; SQLite gives its journal files the same mode),
     with MLflow's tables. True if it was created. A store that cannot be made whole (its disk fills,
     an interrupt) is removed with what this call made for it (its folders, SQLite's journal), so no
     half-made store is taken for one later; a full disk is one line (``StoreError``: ``disk full:``)."""
@@ -234,7 +234,7 @@ def experiment_id(client: MlflowClient, name: str, *, create: bool = False) -> s
     """The experiment of a campaign (one per campaign), created if asked, marked as one of training
     runs so MLflow's UI opens its runs and charts (not the GenAI traces view). The local folder a
     new experiment keeps its artifacts in (``./mlruns/ID`` beside a SQLite store) is made private
-    at once, as the store is (``runners.modes``)."""
+    at once, as the store is (``runners.permissions``)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if create and not exp.tags.get("mlflow.experimentKind"):

@@ -6,7 +6,7 @@ happens. Its settings are ``LocalSettings``; the interface is ``runners.campaign
 A run that dies of a signal (a segfault in native code, the kernel's OOM killer) is started again
 up to ``max_retries`` times: it resumes from its checkpoint. A Python error is not retried (it would
 fail the same way); every run has Python's faulthandler on, so a native crash leaves its stack in
-``run.log``. Every process it starts dies with it (``locks.child_env``): a campaign killed with
+``run.log``. Every process it starts dies with it (``parent_death.child_env``): a campaign killed with
 ``kill -9`` leaves no trainer writing in a run folder that its next run would resume.
 """
 
@@ -25,7 +25,7 @@ from typing import IO, ClassVar
 
 from runners.campaign.backends import Backend, Ended, Launch, register, tail, with_gpus
 from runners.campaign.spec import BackendSettings, CampaignError, RunSpec, whole_numbers
-from runners.locks import child_env
+from runners.parent_death import child_env
 from runners.threads import share_cores, usable_cores
 
 PROGRESS_MARKS = (
@@ -261,7 +261,7 @@ def _stop(running: list[_Running]) -> None:
     """Stop the running runs (SIGTERM, SIGKILL after 20 s); a re-run resumes them from their checkpoints."""
     import psutil
 
-    from runners.tracking.servers import stop
+    from runners.tracking.server_processes import stop
 
     procs = []
     for r in running:

@@ -4,9 +4,9 @@ its settings are ``RaySettings`` (``ray_address``, ``gpus_per_run``, ``max_retri
 Each task runs the same command as the local scheduler (``python -m runners train recipe.yaml``)
 with the run's MLflow run id, so a run that is preempted (its process killed by a signal, or its
 node lost) is retried by Ray and resumes from its last checkpoint into the same MLflow run; the
-run's process dies with the Ray worker that started it (``locks.child_env``), so a lost node leaves no process writing
-beside the retry. Each attempt records its node (``prl.placement`` tag, a line in ``run.log``).
-Run folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
+run's process dies with the Ray worker that started it (``parent_death.child_env``), so a lost node
+leaves no process writing beside the retry. Each attempt records its node (``prl.placement`` tag, a
+line in ``run.log``). Run folders must be on storage every node sees (a shared filesystem), and the tracking URI must be
 reachable from every node (``make tracking-server`` on the head node, or any MLflow server).
 """
 
@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 from runners.campaign.backends import Backend, Ended, Launch, note_placement, register, tail, with_gpus
 from runners.campaign.spec import BackendSettings, CampaignError, RunSpec, whole_numbers
-from runners.locks import child_env
+from runners.parent_death import child_env
 
 
 @dataclass(kw_only=True)

@@ -6,7 +6,7 @@ shared tracking server.
 A local server records itself (pid, port, its processes' token, the process that started it) in a
 file beside its store; whatever a starter that died without stopping it left (``kill -9`` of a
 campaign, of ``make ui`` or of its MLflow main process) is found through the token
-(``runners.tracking.servers``) and stopped by the next server started for the same store.
+(``runners.tracking.server_processes``) and stopped by the next server started for the same store.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from runners.tracking import servers
+from runners.tracking import server_processes
 
 #: A server that does tracking only: MLflow's job runner (huey consumers for GenAI features,
 #: about eight processes of ~200 MB) stays off.
@@ -66,15 +66,15 @@ def stop_stale_server(record: Path, log=print) -> None:
         info = json.loads(record.read_text())
     except (OSError, ValueError):
         return
-    if servers.owner_alive(info):
+    if server_processes.owner_alive(info):
         return
-    procs = servers.processes(info["token"]) if "token" in info else _legacy_processes(info)
+    procs = server_processes.processes(info["token"]) if "token" in info else _legacy_processes(info)
     if procs:
         log(
             f"stopping a stale MLflow server (pid {info.get('pid')}, port {info.get('port')}; processes "
             f"{sorted(p.pid for p in procs)}) left by an interrupted run of this store"
         )
-        servers.stop(procs)
+        server_processes.stop(procs)
     record.unlink(missing_ok=True)
 
 
@@ -143,16 +143,16 @@ def serve(
     of it is stopped, the workers a dead main process left included. ``out``: a file for its
     output (default: this process's)."""
     stop_stale_servers(backend_uri, artifacts, log)
-    servers.check_port(port, host, what)
+    server_processes.check_port(port, host, what)
     record = server_record(backend_uri, artifacts, record_name)
     record.parent.mkdir(parents=True, exist_ok=True)
-    token = servers.new_token()
-    proc = servers.spawn(cmd, token, (os.environ if env is None else env) | TRACKING_ONLY, out)
+    token = server_processes.new_token()
+    proc = server_processes.spawn(cmd, token, (os.environ if env is None else env) | TRACKING_ONLY, out)
     main = psutil.Process(proc.pid)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     try:
         tmp = record.with_suffix(".tmp")
-        info = {"pid": proc.pid, "port": port, "token": token, "backend_uri": backend_uri, **servers.owner()}
+        info = {"pid": proc.pid, "port": port, "token": token, "backend_uri": backend_uri, **server_processes.owner()}
         tmp.write_text(json.dumps(info))
         tmp.replace(record)
         started = said = time.time()
@@ -160,8 +160,8 @@ def serve(
         log(f"starting {what} on {url} (store {backend_uri}) ...")
         while True:
             if proc.poll() is not None:
-                holder = servers.port_holder(port, host)
-                raise servers.ServerError(
+                holder = server_processes.port_holder(port, host)
+                raise server_processes.ServerError(
                     f"{what} ({exit_reason(proc.returncode)}) stopped before it answered on {url}"
                     + (f"; port {port} is held by {holder}" if holder else "")
                     + (f"; see {getattr(out, 'name', 'its output above')}")
@@ -169,14 +169,14 @@ def serve(
             if answers(url):
                 break
             if time.time() > deadline:
-                raise servers.ServerError(f"{what} did not answer on {url} within 120 s")
+                raise server_processes.ServerError(f"{what} did not answer on {url} within 120 s")
             if time.time() - said >= 10:  # a first start creates the store's tables; a loaded machine is slow
                 said = time.time()
                 log(f"  still starting ({said - started:.0f} s; it answers within 120 s or is stopped)")
             time.sleep(0.5)
         yield proc
     finally:
-        servers.stop({p.pid: p for p in (main, *servers.processes(token))}.values())
+        server_processes.stop({p.pid: p for p in (main, *server_processes.processes(token))}.values())
         proc.wait()
         with contextlib.suppress(OSError, ValueError):
             if json.loads(record.read_text()).get("token") == token:
@@ -200,7 +200,7 @@ def local_server(
     It runs as one process and its uvicorn worker(s): tracking only (``TRACKING_ONLY``).
     ``auth_env``: the server environment of MLflow's basic authentication (``runners.tracking.auth``);
     every request then needs a user's credentials."""
-    port = port or servers.free_port()
+    port = port or server_processes.free_port()
     artifacts.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,

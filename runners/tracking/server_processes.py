@@ -6,7 +6,7 @@ A server's processes carry a marker in their environment (``PRL_SERVER=<token>``
 process they start inherits, so a uvicorn worker whose parent was killed with ``kill -9`` (it is
 then a child of init, still serving) is found by the token alone. The MLflow main process also
 gets SIGTERM when the process that started it dies (Linux's parent-death signal), and passes it
-on to its worker. A record file (``serve.server_record``) names the token and the owner; the
+on to its worker. A record file (``mlflow_server.server_record``) names the token and the owner; the
 next start for the same store stops whatever a dead owner left.
 """
 
@@ -113,7 +113,7 @@ def check_port(port: int, host: str, what: str, flag: str = "--port") -> None:
 def spawn(cmd: list[str], token: str, env: dict[str, str], out=None) -> subprocess.Popen:
     """Start a server in a session of its own, marked with ``token``; on Linux it gets SIGTERM
     when the thread that started it ends, with its process or alone (so start it from a thread
-    that outlives it, as the ``with`` block of ``serve.serve`` does). ``out``: a file for its
+    that outlives it, as the ``with`` block of ``mlflow_server.serve`` does). ``out``: a file for its
     output (default: this process's)."""
     return subprocess.Popen(
         cmd,
