@@ -19,7 +19,7 @@ import pandas as pd
 from analysis import builds
 
 WIDTH = 100  # columns: every line but a UI address, which is printed alone on its line to stay one link
-A_W, P_W, DELTA_W, CALL_W = 5, 4, 25, 15  # the variant's column is as wide as its longest name (8 to 24)
+A_W, P_W, DELTA_W, CALL_W = 5, 3, 25, 15  # the variant's column is as wide as its longest name (8 to 24)
 
 
 def _num(v: Any) -> float | None:
@@ -128,9 +128,9 @@ def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
 def _row(width: int, name: str, a: str, p: str, why: str, delta: str | None = None, call: str = "") -> str:
     """One line: the variant, its A and P (``Forecast.p_within``), then its Δ and call (none: the
     reason takes their columns)."""
-    head = f"{_cut(name, width):<{width}} {a:>{A_W}} {p:>{P_W}}  "
+    head = f"{_cut(name, width):<{width}} {a:>{A_W}} {p:>{P_W}} "
     if delta is not None:
-        head += f"{delta:<{DELTA_W}}  {call:<{CALL_W}}  "
+        head += f"{delta:<{DELTA_W}} {call:<{CALL_W}} "
     return head + _cut(why, WIDTH - len(head))
 
 
@@ -184,7 +184,7 @@ def summary(
         a = _num(r.get("A"))
         a_cell = "—" if a is None else f"{a:.3f}"
         p = _num(r.get("p_within"))
-        p_cell = "—" if p is None else f"{p:.2f}".lstrip("0")
+        p_cell = "—" if p is None else ("1" if p >= 0.995 else f"{p:.2f}".lstrip("0"))  # .84: P_W wide
         delta, call, why = (None, "", _baseline_why(r)) if r["variant"] == "baseline" else _variant_line(r, margin, k)
         if (_num(r.get("unfinished")) or 0) > 0:
             why = f"{int(r['unfinished'])} of {int(r['seeds'])} runs unfinished; {why}"

@@ -140,7 +140,11 @@ def _robust_stop(
     ):
         return False
     z = float(ndtri(1.0 - risk))
-    e_v, e_b = (z * (fc.expected_error or 0.0) if not fc.verdict.predictable else 0.0 for fc in (variant, baseline))
+    # a band-only verdict's expected error is its own draws' spread, already in v and b: not moved twice
+    e_v, e_b = (
+        z * (fc.expected_error or 0.0) if not (fc.verdict.predictable or fc.verdict.band_only) else 0.0
+        for fc in (variant, baseline)
+    )
     e_v += float(variant.open_rise([budget])[0])  # a variant still steepening may rise as its open ceiling lets it
     robust = float(np.mean(v + e_v >= b - e_b - margin))
     if robust >= risk:

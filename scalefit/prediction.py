@@ -36,6 +36,7 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
+from scipy.special import ndtri
 
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.model import CurveFit
@@ -49,6 +50,7 @@ SHAPE_PRIOR_WEIGHT = 4.0  # that prior's weight, in backtests
 # a backtest informs the shape error when it looked ahead at least this share of the question's
 # distance in log-compute: nearer ones answer another question (a prefix's spread a short way ahead)
 SAME_REACH = 2 / 3
+MIN_FIT_SHARE = 0.25  # backtests that landed close can halve the fit's own spread (sd), not remove it
 MIN_BACKTESTS = 2  # a prediction no two backtests checked is not predictable, and carries no call past the data
 STRUCTURE_Z = 3.0  # the latest third of the points this many standard errors off the curve: structure
 PREDICTION_DRAWS = 4000
@@ -142,7 +144,8 @@ class Calibration:
     the wrong curve, whose variance grows with the square of the distance past the data in
     log-compute and is ``shape_var`` at twice the data. Negative where the backtests landed closer
     than the model claimed: the fit's own spread then shrinks by as much (never below zero, and the
-    seeds' noise is never shrunk). ``calibrate`` estimates it."""
+    seeds' noise is never shrunk; the fit's sd at most halved, ``MIN_FIT_SHARE``). ``calibrate``
+    estimates it."""
 
     shape_var: float = 0.0
     backtests: int = 0
@@ -156,13 +159,17 @@ class Calibration:
         self, point: np.ndarray, fit_dev: np.ndarray, noise: np.ndarray, compute, c_fit: float, seed: int
     ) -> np.ndarray:
         """Calibrated draws (draws x computes): the point, the fit's deviations (``fit_dev``) and the
-        seeds' (``noise``), with the shape error added (or, negative, taken from the fit's spread)."""
+        seeds' (``noise``), with the shape error added (or, negative, taken from the fit's spread).
+        Resample i's shape error is one normal draw scaled along the computes, the same draw for
+        every forecast made with ``seed`` (a campaign's variants: loo-gpu's arms all missed upwards
+        together), so a paired difference between two variants does not carry it; a level does."""
         add = self.shape_var * self.reach(compute, c_fit)[None, :]
-        if self.shape_var >= 0:
-            shape = np.random.default_rng(seed + 7).standard_normal(fit_dev.shape) * np.sqrt(add)
-            return point + fit_dev + noise + shape
+        if self.shape_var >= 0:  # one draw per resample: a bent curve, not noise from point to point
+            n = len(fit_dev)  # stratified normal quantiles, shuffled: every band sees the same spread
+            z = ndtri((np.random.default_rng(seed + 7).permutation(n) + 0.5) / n)[:, None]
+            return point + fit_dev + noise + z * np.sqrt(add)
         v = fit_dev.var(axis=0, keepdims=True)
-        scale = np.sqrt(np.maximum(v + add, 0.0) / np.where(v > 0, v, 1.0))
+        scale = np.sqrt(np.maximum(v + add, MIN_FIT_SHARE * v) / np.where(v > 0, v, 1.0))
         return point + scale * fit_dev + noise
 
     @property
@@ -401,13 +408,14 @@ class Forecast(CurveForecast):
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def confidence_band(self, compute) -> tuple[np.ndarray, np.ndarray]:
-        """Where the mean curve lies (parameter uncertainty only)."""
+        """Where the mean curve lies: the fit's uncertainty with the backtests' shape error
+        (``mean_draws``), no evaluation noise."""
         if self.no_band:
             return self._nan(compute)
         q = central_percentiles(self.level)
 
         def band(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            lo, hi = np.percentile(self._curves(c)[1], q, axis=0)
+            lo, hi = np.percentile(self.mean_draws(c), q, axis=0)
             return lo, hi + self.open_rise(c)
 
         return self._by_columns(compute, len(self.samples), band)

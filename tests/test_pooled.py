@@ -167,8 +167,10 @@ def test_the_shape_error_is_additive_and_can_narrow_the_fit_but_never_the_seeds(
     rng = np.random.default_rng(0)
     fit_dev, noise = rng.normal(0, 0.01, (20_000, 1)), rng.normal(0, 0.02, (20_000, 1))
     point = np.zeros((1, 1))
-    shrunk = Calibration(-0.0004, 10).widen(point, fit_dev, noise, [2000.0], 1000.0, 0)
-    assert np.var(shrunk) == pytest.approx(0.02**2, rel=0.05)  # the fit's 0.01 gone, the seeds' 0.02 kept
+    shrunk = Calibration(-0.00005, 10).widen(point, fit_dev, noise, [2000.0], 1000.0, 0)
+    assert np.var(shrunk) == pytest.approx(0.00005 + 0.02**2, rel=0.05)  # the fit's variance halved, the seeds' kept
+    floored = Calibration(-0.0004, 10).widen(point, fit_dev, noise, [2000.0], 1000.0, 0)
+    assert np.var(floored) == pytest.approx(0.25 * 0.01**2 + 0.02**2, rel=0.05)  # the fit's sd halved at most
     grown = Calibration(0.0009, 10).widen(point, fit_dev, noise, [4000.0], 1000.0, 0)  # 2 doublings past
     assert np.var(grown) == pytest.approx(0.01**2 + 0.02**2 + 4 * 0.0009, rel=0.05)
     inside = Calibration(0.0009, 10).widen(point, fit_dev, noise, [800.0], 1000.0, 0)
