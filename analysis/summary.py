@@ -130,7 +130,7 @@ def _row(width: int, name: str, a: str, p: str, why: str, delta: str | None = No
     reason takes their columns)."""
     head = f"{_cut(name, width):<{width}} {a:>{A_W}} {p:>{P_W}} "
     if delta is not None:
-        head += f"{delta:<{DELTA_W}} {call:<{CALL_W}} "
+        head += f"{delta:<{DELTA_W}}  {call:<{CALL_W}}  "
     return head + _cut(why, WIDTH - len(head))
 
 
