@@ -13,9 +13,15 @@ from analysis.curves import bad_points, spliced, steady_points
 from runners.contract import MEAN_AT_16
 from scalefit.pooled_forecast import forecast_variants
 from scalefit.prediction import CampaignForecast
+from scalefit.reasons import Reason
 from scalefit.settings import FitSettings
 
 WALL_CLOCK = "compute/gpu_hours"
+
+
+def no_fit(why: str) -> str:
+    """A variant's note where it has no fit: the reason as data where the fit gave one."""
+    return Reason("no_fit", parts=(why,)) if isinstance(why, Reason) else f"no fit: {why}"
 
 
 def warn_wall_clock(settings: FitSettings) -> None:
@@ -80,7 +86,7 @@ def campaign_model(curves: pd.DataFrame, settings: FitSettings, n_boot: int = 10
     }
     target = budgets if fraction < 1 else None
     res = forecast_variants(data, settings, fit_upto=upto, target=target, n_resamples=n_boot)
-    failed.update({v: f"no fit: {why}" for v, why in res.failed.items()})
+    failed.update({v: no_fit(why) for v, why in res.failed.items()})
     order = [v for v in groups if v in res.fits]
     fits, fcs = {v: res.fits[v] for v in order}, {v: res.forecasts[v] for v in order}
     return Model(fits, fcs, failed, res.description, budgets, upto or {})

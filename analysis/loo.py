@@ -19,7 +19,7 @@ from analysis import builds, evidence
 from analysis.curves import bad_points, load_curves, read_curves, steady_points
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model
 from analysis.render import plot_campaign, report_folder, runs_markdown, to_markdown
-from analysis.table import calls, extrapolation_check, fit_table, measured_at_budget
+from analysis.table import SHORT_COLUMNS, calls, extrapolation_check, fit_table, measured_at_budget
 from runners.tracking import store
 from scalefit.settings import FitSettings
 
@@ -93,7 +93,7 @@ def write_fit(curves: pd.DataFrame, out: Path, settings: FitSettings, title: str
     out.mkdir(parents=True, exist_ok=True)
     half = campaign_model(curves, settings, HALF_RESAMPLES, fraction=0.5)
     table, extra = fit_table(curves, settings, half=half)
-    table.to_csv(out / "loo_table.csv", index=False)
+    table.drop(columns=[c for c in SHORT_COLUMNS if c in table]).to_csv(out / "loo_table.csv", index=False)
     (out / "loo_table.md").write_text(to_markdown(table))
     plot_campaign(curves, extra, out / "loo_curves.png", settings, title)
     extrapolation_check(curves, settings, model=half).to_csv(out / "extrapolation.csv", index=False)

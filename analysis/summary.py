@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -45,27 +44,16 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)].rstrip() + "…"
 
 
-def shorten(reason: str) -> str:
-    """A table's reason in a few words: its first clause, without the parentheses that explain it."""
-    text = reason.split("; ")[0]
-    text = re.sub(r"^((cannot tell yet|cannot decide|not yet predictable|no fit|no band): )+", "", text)
-    text = re.sub(r"^(variant|baseline) has no band \(", lambda m: "" if m[1] == "variant" else "baseline: ", text)
-    text = text.split(" (")[0]
-    if not text.startswith("baseline: "):
-        text = text.split(": ")[0]
-    m = re.search(r"at (\S+)x lands within ±(\S+) with probability (\S+) <", text)
-    if m:  # the verdict's probability, in numbers
-        return f"{m[1]}x forecast within ±{m[2]} with p {m[3]}"
-    for long, short in (
-        (" is on the edge of its grid", " on its grid edge"),
-        (" is on a bound of its range", " on its bound"),
-        ("'s extrapolation is unchecked", ": extrapolation unchecked"),
-        ("'s asymptote is not bounded", ": A's interval reaches its grid"),
-        ("'s fit is not identified", ": fit not identified"),
-        ("no sigmoid gain is identifiable", "flat or falling"),
-    ):
-        text = text.replace(long, short)
-    return text
+def _short(r: pd.Series, column: str) -> str:
+    """A reason's short form as the table carries it (``<column>_short``: ``scalefit.reasons.Reason.short``,
+    rendered from the reason's kind and numbers, never parsed from its text); empty where the table
+    has none (a table written before reasons were data, or a reason that is only text)."""
+    return _text(r.get(f"{column}_short"))
+
+
+def _said(head: str, short: str) -> str:
+    """``head``, then ``short`` after a colon where there is one."""
+    return f"{head}: {short}" if short else head
 
 
 def _measured(r: pd.Series, k: int, prefix: str = "") -> tuple[str, str]:
@@ -83,10 +71,10 @@ def _baseline_why(r: pd.Series) -> str:
     if _true(r.get("a_at_edge")):
         return f"reference, A = {_num(r.get('A')):.3f} on its grid edge: not identified, so no fitted call"
     if _num(r.get("A")) is None:
-        return "reference, no fit: " + shorten(_text(r.get("note")))
+        return _said("reference, no fit", _short(r, "note"))
     if _true(r.get("predictable")):
         return "reference, predictable"
-    return "reference, not yet predictable: " + shorten(_text(r.get("predictability")))
+    return _said("reference, not yet predictable", _short(r, "predictability"))
 
 
 def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
@@ -98,8 +86,8 @@ def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
     cell = f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]" if None not in (d, lo, hi) else (m_cell + " m" if m_cell else "")
     if _true(r.get("identical_to_baseline")):
         why = "axis did not act (same curve)"
-    elif call == "worse" and _text(r.get("call_text")).startswith("worse (bounded from the data)"):
-        why = ("no fit; " if _num(r.get("A")) is None else "") + "bounded by its data"
+    elif call == "worse" and _short(r, "call"):  # not the fits' interval: bounded by its data (``Bound.short``)
+        why = ("no fit; " if _num(r.get("A")) is None else "") + _short(r, "call")
     elif call == "worse":
         why = f"its interval is below -{margin:g}"
     elif call == "better":
@@ -112,14 +100,14 @@ def _variant_line(r: pd.Series, margin: float, k: int) -> tuple[str, str, str]:
             why = f"no fit; {measured}"
         else:
             why = f"{measured}; " + (
-                f"fit: crosses ±{margin:g}" if d is not None else shorten(_text(r.get("call_text")))
+                f"fit: crosses ±{margin:g}" if d is not None else _short(r, "call") or "fit: cannot tell yet"
             )
     elif d is not None:
         why = f"its interval crosses ±{margin:g}"
     elif _num(r.get("A")) is None:
-        why = "no fit: " + shorten(_text(r.get("note")))
+        why = _said("no fit", _short(r, "note"))
     else:
-        why = shorten(_text(r.get("call_text")))
+        why = _short(r, "call") or _text(r.get("call_text"))
     if _text(r.get("reading")) and r["reading"] != "cannot tell yet":  # slower or lower, first
         why = f"{r['reading']}; {why}"
     return cell, call, why

@@ -18,6 +18,7 @@ from runners.contract import MEAN_AT_16
 from scalefit import CurveFit, FitError, compare_fits, seed_spread
 from scalefit.bounded import Bound, doublings, largest_rise
 from scalefit.prediction import Forecast, against_margin, call_difference
+from scalefit.reasons import Reason
 from scalefit.settings import FitSettings
 from scalefit.unstable import Flag, arm_counts
 
@@ -79,6 +80,7 @@ class FitCells:
     predictable: bool
     predictability: str
     expected_error: float
+    predictability_short: str = ""  # the verdict's first reason in a few words (``Reason.short``; the summary's)
     p_within: float | None = None  # P(the seeds' mean at the target lands within ±margin): Forecast.p_within
     a_seed_half_range: float | None = None
 
@@ -103,6 +105,7 @@ class VariantRow:
     stopped: str | None = None
     fit: FitCells | None = None
     dropped: str | None = None
+    note_short: str | None = None  # why it has no fit, in a few words (``Reason.short``; the summary's)
 
     def cells(self) -> dict[str, Any]:
         """The row as the table's columns, in the table's order."""
@@ -129,12 +132,24 @@ class VariantRow:
             out.update(R0=f.R0, sse=f.sse, a_at_edge=f.a_at_edge, b_at_bound=f.b_at_bound, pooled=f.pooled)
             out.update(predictable=f.predictable, predictability=f.predictability, expected_error=f.expected_error)
             out["p_within"] = f.p_within
+            out["predictability_short"] = f.predictability_short
         out["note"] = self.note
+        if self.note_short is not None:
+            out["note_short"] = self.note_short
         if f is not None and f.a_seed_half_range is not None:
             out["A_seed_half_range"] = f.a_seed_half_range
         if self.dropped is not None:
             out["dropped"] = self.dropped
         return out
+
+
+SHORT_COLUMNS = ("predictability_short", "note_short", "call_short", "half_call_short")  # the summary's only
+
+
+def _short(why: str) -> str | None:
+    """A reason's short form where it is one as data (``scalefit.reasons.Reason``); None where it is
+    only text (the summary then says less, never parses it)."""
+    return why.short() if isinstance(why, Reason) else None
 
 
 def frame(rows: list[VariantRow]) -> pd.DataFrame:
@@ -165,7 +180,7 @@ def variant_row(variant: str, g: pd.DataFrame, model: Model, settings: FitSettin
         note=model.failed.get(variant, "no fit"),
     )
     if variant not in model.fits:
-        return row
+        return replace(row, note_short=_short(row.note))
     fit, note = _fit_cells(g, model.fits[variant], model.forecasts[variant], settings)
     return replace(row, fit=fit, note=note)
 
@@ -187,6 +202,7 @@ def _fit_cells(g: pd.DataFrame, f: Any, fc: Forecast, settings: FitSettings) -> 
         predictability=fc.verdict.text(),
         expected_error=fc.expected_error,
         p_within=fc.p_within,
+        predictability_short=fc.verdict.short(),
     )
     note = "; ".join(filter(None, [*f.warnings, pool_note]))
     if g["seed"].nunique() > 1 and ceiling is not None:  # the paper's run-to-run spread of the ceiling
@@ -267,7 +283,8 @@ def bounded_worse(
                 continue
             b = Bound(*(float(m.loc[v, f"{col}{c}"]) for c in ("_delta", "_lo", "_hi")), rise, doublings(fraction, 1.0))
             if b.worse(margin):
-                out.loc[i, [key, f"{key}_text"]] = ["worse", b.text(margin, last_k if fraction == 1 else 1)]
+                said = b.text(margin, last_k if fraction == 1 else 1)
+                out.loc[i, [key, f"{key}_text", f"{key}_short"]] = ["worse", said, b.short()]
                 out.loc[i, [f"{key}_delta", f"{key}_lo", f"{key}_hi"]] = [b.delta, b.lo, b.hi]
     return out
 
@@ -287,9 +304,10 @@ def _fit_calls(model: Model, half: Model, margin: float) -> pd.DataFrame:
                 else:  # a scale campaign: no baseline arm, its sizes meet in sizes.md, not here
                     why = "no baseline arm to compare with (across sizes: sizes.md)"
                 row[key], row[f"{key}_text"] = "cannot tell yet", f"cannot tell yet: {why}"
+                row[f"{key}_short"] = _short(why)
                 continue
             c = call_difference(m.forecasts[v], m.forecasts["baseline"], where, margin=margin)
-            row[key], row[f"{key}_text"] = c.label, c.text(margin)
+            row[key], row[f"{key}_text"], row[f"{key}_short"] = c.label, c.text(margin), c.short()
             row[f"{key}_delta"], row[f"{key}_lo"], row[f"{key}_hi"] = c.delta, c.lo, c.hi
             if c.reading is not None:  # slower or lower: ceiling against efficiency
                 reading = key.replace("call", "reading")
@@ -401,7 +419,8 @@ def _note_dropped(rows: list[VariantRow], dropped: pd.DataFrame) -> list[Variant
             brief = f"{len(w)} bad point(s) left out: {'; '.join(w[:3])}" + ("; …" if len(w) > 3 else "")
             row = replace(row, dropped=brief, note="; ".join(filter(None, [row.note, said])))
         out.append(row)
-    left = [VariantRow(variant=v, seeds=0, points=0, note="no fit: every point is bad") for v in whys]
+    bad = Reason("no_fit", parts=(Reason("all_bad"),))
+    left = [VariantRow(variant=v, seeds=0, points=0, note=bad, note_short=bad.short()) for v in whys]
     return out + _note_dropped(left, dropped[dropped["variant"].isin(whys)]) if left else out
 
 

@@ -59,6 +59,10 @@ class Bound:
     def worse(self, margin: float) -> bool:
         return bool(np.isfinite(self.reach) and self.reach < -margin)
 
+    def short(self) -> str:
+        """The call's reason in a few words (the terminal summary's)."""
+        return "bounded by its data"
+
     def text(self, margin: float, last_k: int = 1) -> str:
         """e.g. "worse (bounded from the data): Δ -0.221 [-0.239, -0.203] measured at half the budget;
         no arm rose more than 0.153 in one doubling, so at most -0.050 by the budget, below -0.02";

@@ -20,6 +20,7 @@ from scalefit.errors import FitError
 from scalefit.fit import MIN_POINTS, check_curve, fit_window, run_labels
 from scalefit.model import CurveFit, CurveModel
 from scalefit.parameters import START, Curve, Parameters, fit_declared
+from scalefit.reasons import Reason
 
 N_CEILING_STARTS = 8
 
@@ -61,9 +62,9 @@ class LeastSquaresFit(CurveFit):
         return np.broadcast_to(out, (len(samples), c.shape[1])).copy()
 
     @property
-    def not_identified(self) -> list[str]:
+    def not_identified(self) -> list[Reason]:
         return [
-            f"{p.name} = {p.value:.4g} is on a bound of its range [{p.min:.4g}, {p.max:.4g}]"
+            Reason("bound", {"value": p.value, "lo": p.min, "hi": p.max}, {"param": p.name})
             for p in self.declared
             if p.on_bound()
         ]

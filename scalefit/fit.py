@@ -29,6 +29,7 @@ from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
 from scalefit.lm import batched_lm
 from scalefit.model import CurveFit, CurveModel
 from scalefit.parameters import CEILING, EFFICIENCY, START, Parameter, Parameters
+from scalefit.reasons import Reason
 
 B_BOUNDS = (1e-3, 50.0)
 CHUNK_FLOATS = 4_000_000  # floats per temporary array (32 MB): bounds memory for any n
@@ -123,22 +124,18 @@ class SigmoidFit(CurveFit):
         return b_on_bound(self.B)
 
     @property
-    def not_identified(self) -> list[str]:
+    def not_identified(self) -> list[Reason]:
         """Why the fitted optimum is not identified by the points (empty when it is): A or C_mid on
         the edge of its grid, B on a bound of its range. Every verdict and plot reads this one list."""
         out = []
         if self.a_at_edge:
-            out.append(
-                f"A = {self.A:.3f} is on the edge of its grid [{self.a_grid.min():.3f}, {self.a_grid.max():.3f}]"
-                " (asymptote not identified; widen --a-grid)"
-            )
+            edge = {"value": self.A, "lo": self.a_grid.min(), "hi": self.a_grid.max()}
+            out.append(Reason("grid_edge", edge, {"param": "A"}))
         if self.cmid_at_edge:
-            out.append(
-                f"C_mid = {self.C_mid:.4g} is on the edge of its grid [{self.cmid_grid.min():.4g},"
-                f" {self.cmid_grid.max():.4g}] (widen --cmid-grid)"
-            )
+            edge = {"value": self.C_mid, "lo": self.cmid_grid.min(), "hi": self.cmid_grid.max()}
+            out.append(Reason("grid_edge", edge, {"param": "C_mid"}))
         if self.b_at_bound:
-            out.append(f"B = {self.B:.3g} is on a bound of its range: {_bound_shape(self.B)}, not a sigmoid")
+            out.append(Reason("bound", {"value": self.B}, {"param": "B", "shape": _bound_shape(self.B)}))
         return out
 
     def knee_share(self, at: float | None = None) -> float:
@@ -147,11 +144,11 @@ class SigmoidFit(CurveFit):
         at = float(self.compute.max()) if at is None else at
         return float((self.predict(at) - self.R0) / gain) if gain > 0 else 0.0
 
-    def identified(self) -> list[str]:
+    def identified(self) -> list[Reason]:
         """The knee test (``KNEE_SHARE`` of the gain reached at the last fitted point: the data reach
         C_mid) and ``not_identified``; empty when the fit is identified."""
         share = self.knee_share()
-        knee = [f"knee not reached: {share:.0%} of the fitted gain achieved at the last fitted point"]
+        knee = [Reason("knee", {"share": share})]
         return (knee if share < KNEE_SHARE else []) + self.not_identified
 
     def more_compute(self) -> float | None:
@@ -465,9 +462,7 @@ def _start_level(r0: float | None, c_all: np.ndarray, v_all: np.ndarray) -> floa
     return r0
 
 
-def fit_window(
-    c_all: np.ndarray, exclude_below: float | None, fit_upto: float | None
-) -> tuple[np.ndarray, np.ndarray]:
+def fit_window(c_all: np.ndarray, exclude_below: float | None, fit_upto: float | None) -> tuple[np.ndarray, np.ndarray]:
     """The points fitted (compute > 0, within the window) and those held out (above ``fit_upto``)."""
     keep = c_all > 0
     if exclude_below is not None:
@@ -496,10 +491,7 @@ def _check_fit_points(
     tail = v[order][-max(2, len(c) // 4) :]
     gain = float(tail.mean() - r0)
     if gain < MIN_GAIN:
-        raise FitError(
-            f"no sigmoid gain is identifiable: the curve ends at {tail.mean():.3f} on average, "
-            f"R0 = {r0:.3f} (gain {gain:+.3f} < {MIN_GAIN}); the curve is flat or decreasing"
-        )
+        raise FitError(Reason("flat", {"end": tail.mean(), "R0": r0, "gain": gain, "min_gain": MIN_GAIN}))
 
 
 def _search_grids(a_grid, cmid_grid, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -57,6 +57,7 @@ from scalefit.prediction import (
     error_trend,
     score_backtest,
 )
+from scalefit.reasons import Reason
 from scalefit.settings import FitSettings
 from scalefit.uncertainty import central_percentiles
 
@@ -235,35 +236,28 @@ class SingleForecast(Forecast):
         k-run mean at any compute."""
         return float("nan")
 
-    def doubts(self) -> list[str]:
+    def doubts(self) -> list[Reason]:
         """Too few backtests, then the model's own identification (knee, grid edges, bounds)."""
         out = []
         if len(self.backtests) < MIN_BACKTESTS:
-            out.append(
-                f"too few points to backtest a {self.ratio:.2g}x extrapolation ({len(self.backtests)} backtest(s) "
-                f"from {self.fit.n_points} fitted points; need {MIN_BACKTESTS}, each looking at least "
-                f"{np.sqrt(self.ratio):.2g}x ahead)"
-            )
+            n = {"n": len(self.backtests), "points": self.fit.n_points, "need": MIN_BACKTESTS, "ratio": self.ratio}
+            out.append(Reason("backtests", n))
         return out + self.fit.identified()
 
-    def error_doubt(self) -> tuple[str | None, float | None]:
+    def error_doubt(self) -> tuple[Reason | None, float | None]:
         """The backtests' expected error above the margin, and where their trend reaches it."""
         err = self.expected_error
         if err is None or err <= self.margin:
             return None, None
-        text = f"backtest error {err:.3f} at {self.ratio:.2g}x > margin {self.margin}"
+        text = Reason("error", {"error": err, "ratio": self.ratio, "margin": self.margin})
         return text, error_trend(self.backtests, self.margin, float(self.fit.compute.max()))
 
-    def structure_doubts(self, design: CurveFit | None = None) -> list[str]:
+    def structure_doubts(self, design: CurveFit | None = None) -> list[Reason]:
         """The latest third of the points off the curve by more than ``STRUCTURE_Z`` standard errors."""
         z = _structure(self.fit if design is None else design, self.noise)
         if abs(z) <= STRUCTURE_Z:
             return []
-        way = "above" if z > 0 else "below"
-        return [
-            f"the latest third of the points lies {way} the fitted curve (z = {z:+.1f}): structure the "
-            f"{self.fit.name.replace('_', ' ')} does not explain"
-        ]
+        return [Reason("structure", {"z": z}, {"form": "points", "model": self.fit.name.replace("_", " ")})]
 
 
 def correlated_bootstrap(

@@ -37,6 +37,7 @@ import numpy as np
 
 from scalefit.errors import FitError
 from scalefit.parameters import Parameters
+from scalefit.reasons import Reason
 
 
 @dataclass(kw_only=True)
@@ -145,12 +146,12 @@ class CurveFit:
         raise NotImplementedError
 
     @property
-    def not_identified(self) -> list[str]:
+    def not_identified(self) -> list[Reason]:
         """Why the optimum itself is not identified by the points (a parameter on the edge of its
         grid or range); empty when it is."""
         return []
 
-    def identified(self) -> list[str]:
+    def identified(self) -> list[Reason]:
         """Every reason the fit cannot yet be trusted beyond its data (``not_identified`` and, for a
         model with a knee, the knee not reached); empty when it is identified."""
         return self.not_identified
@@ -252,7 +253,7 @@ class CurveModel:
     def predict(self, compute) -> np.ndarray:
         return self._fitted().predict(compute)
 
-    def identified(self) -> list[str]:
+    def identified(self) -> list[Reason]:
         return self._fitted().identified()
 
     def __repr__(self) -> str:

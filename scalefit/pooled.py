@@ -37,6 +37,7 @@ from scalefit.errors import FitError
 from scalefit.fit import B_BOUNDS, SigmoidFit, b_on_bound, chunks, edge_warnings, fit_sigmoid
 from scalefit.forecast import noise_model, run_series
 from scalefit.lm import batched_lm
+from scalefit.reasons import Reason
 from scalefit.seeds import DeviationPool, deviation_pool
 from scalefit.settings import POOLING
 
@@ -236,7 +237,7 @@ def variant_mean(fit: SigmoidFit) -> tuple[np.ndarray, np.ndarray]:
     return cs, np.array([v_all[keep & (c_all == x)].mean() for x in cs])
 
 
-def collapse_reason(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> str | None:
+def collapse_reason(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> Reason | None:
     """ "rises then falls: ..." when the variant's mean over a few evaluations ends more than
     ``COLLAPSE_Z`` standard errors (from the campaign's seed deviations) below its peak, else None."""
     cs, m = variant_mean(fit)
@@ -248,10 +249,8 @@ def collapse_reason(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> str |
     drop = float(smooth[peak] - smooth[-1])
     se = pool.sd(w) * np.sqrt(2.0 / max(n_seeds, 1))
     if se > 0 and drop / se > COLLAPSE_Z and peak < len(smooth) - 2:
-        return (
-            f"rises then falls: its mean over {w} evaluations peaks at {smooth[peak]:.3f} "
-            f"(compute {cs[peak + w - 1]:.3g}) and ends at {smooth[-1]:.3f} (z = {drop / se:.1f})"
-        )
+        numbers = {"window": w, "peak": smooth[peak], "peak_compute": cs[peak + w - 1], "end": smooth[-1]}
+        return Reason("collapse", {**numbers, "z": drop / se})
     return None
 
 
@@ -456,7 +455,7 @@ def _fit_each(
                 warnings.simplefilter("ignore")
                 fits[v] = fit_sigmoid(c, y, runs=runs, r0=r0, fit_upto=upto, **grids)
         except FitError as e:
-            failed[v] = str(e)
+            failed[v] = e.why
     return fits, failed
 
 
@@ -488,11 +487,11 @@ def _members(
     """The variants that pool their B (none where fewer than two are left), with the campaign's
     hyperparameters in ``out``, and why each other one is fitted alone: a collapsing curve, or a B
     unlike the campaign's (removed one at a time, the worst first)."""
-    notes: dict[str, str] = {}
+    notes: dict[str, Reason] = {}
     for v, f in fits.items():  # a curve that rises then falls has no sigmoid's B to lend or borrow
         why = collapse_reason(f, pool, len(np.unique(f.run_inputs)))
         if why:
-            notes[v] = f"{why}: fitted alone"
+            notes[v] = Reason("collapse", why.numbers, {"form": "alone"})
     members = [v for v in fits if v not in notes]
     mu = tau = tau_logpost = None
     while len(members) >= 2:
@@ -506,9 +505,7 @@ def _members(
             break
         own_b = float(np.exp(grid[int(np.argmax(loglik[worst]))]))
         members.remove(worst)
-        notes[worst] = (
-            f"its B {own_b:.3g} is unlike the campaign's {np.exp(mu):.3g} (z = {z[worst]:+.1f}): fitted alone"
-        )
+        notes[worst] = Reason("unlike", {"B": own_b, "campaign_B": float(np.exp(mu)), "z": z[worst]})
     if len(members) < 2:
         mu = tau = tau_logpost = None
         members = []

@@ -71,6 +71,7 @@ from scalefit.prediction import (
     score_backtest,
     spread_out,
 )
+from scalefit.reasons import Reason
 from scalefit.seeds import DeviationPool, deviation_pool
 from scalefit.settings import FitSettings
 from scalefit.uncertainty import central_percentiles, interval_holding
@@ -377,15 +378,13 @@ class PooledForecast(Forecast):
             return None
         return self.expected_error_at([self.target], window=self.window)
 
-    def doubts(self) -> list[str]:
+    def doubts(self) -> list[Reason]:
         """The knee and the grid edges (B on its bound is a shape reason: no band), then a campaign
         whose extrapolation too few backtests past the knee checked."""
-        out = [r for r in self.fit.identified() if not r.startswith("B =")]
+        out = [r for r in self.fit.identified() if not (r.kind == "bound" and r.words["param"] == "B")]
         if self.campaign_backtests < MIN_BACKTESTS:
-            out.append(
-                f"{self.campaign_backtests} backtest(s) past the knee in the campaign (need {MIN_BACKTESTS}): "
-                "its extrapolation is unchecked"
-            )
+            n = {"n": self.campaign_backtests, "need": MIN_BACKTESTS}
+            out.append(Reason("backtests", n, {"form": "campaign"}))
         return out
 
     @property
@@ -397,7 +396,7 @@ class PooledForecast(Forecast):
         d = self.target_draws([self.target], self.n_seeds, self.window)
         return float(np.mean(np.abs(d - float(self.point([self.target])[0])) <= self.margin))
 
-    def error_doubt(self) -> tuple[str | None, float | None]:
+    def error_doubt(self) -> tuple[Reason | None, float | None]:
         """A k-seed mean at the target that lands within ±margin with probability below the level."""
         w = self.window
         p_within = self.p_within
@@ -407,22 +406,15 @@ class PooledForecast(Forecast):
         half = float(np.percentile(np.abs(d - float(self.point([self.target])[0])), 100 * self.level))
         z = float(norm.ppf(0.5 + self.level / 2))
         seeds_alone = z * float(self._sd(w, [self.target], self.n_seeds)[0])
-        what = f"a {self.n_seeds}-seed mean" + (f" of the last {w} evaluations" if w > 1 else "")
-        text = (
-            f"{what} at {self.ratio:.2g}x lands within ±{self.margin:g} with probability {p_within:.2f} "
-            f"< {self.level:g} (its {self.level:.0%} band is ±{half:.3f}, ±{seeds_alone:.3f} of it the seeds' own noise"
-        )
-        text += ": more seeds, not more compute)" if seeds_alone > self.margin else ")"
-        return text, None
+        numbers = {"seeds": self.n_seeds, "window": w, "ratio": self.ratio, "margin": self.margin, "p": p_within}
+        numbers.update(level=self.level, half=half, seeds_alone=seeds_alone)
+        return Reason("p_within", numbers), None
 
-    def unchecked_extrapolation(self, name: str) -> list[str]:
+    def unchecked_extrapolation(self, name: str) -> list[Reason]:
         """Fewer than ``MIN_BACKTESTS`` backtests past the knee in the campaign."""
         if self.campaign_backtests >= MIN_BACKTESTS:
             return []
-        return [
-            f"{name}'s extrapolation is unchecked ({self.campaign_backtests} backtest(s) past the knee in the "
-            f"campaign, need {MIN_BACKTESTS})"
-        ]
+        return [Reason("unchecked", {"n": self.campaign_backtests, "need": MIN_BACKTESTS}, {"arm": name})]
 
     def own_fit(self) -> SigmoidFit:
         """The variant's ``unpooled`` fit (no campaign prior on B); its fit where nothing was pooled."""
@@ -470,19 +462,20 @@ class PooledForecast(Forecast):
 OWN_RESAMPLES = 200  # the variant's own fit, resampled only to back a call past its data
 
 
-def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[str]:
+def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[Reason]:
     """Why this curve is not a sigmoid its band could be trusted on (empty when it is one)."""
     out = []
     if fit.outlier:  # a shape no other variant shares: the sigmoid may not be its curve
         out.append(fit.pool_note)
     if fit.a_at_edge:
-        out.append(f"A = {fit.A:.3f} is on the edge of its grid (the asymptote is not identified)")
+        out.append(Reason("grid_edge", {"value": fit.A}, {"param": "A"}))
     if fit.cmid_at_edge:
-        out.append(f"C_mid = {fit.C_mid:.4g} is on the edge of its grid (not identified)")
+        out.append(Reason("grid_edge", {"value": fit.C_mid}, {"param": "C_mid"}))
     if fit.b_at_bound:
-        out.append(f"B = {fit.B:.3g} is on a bound of its range (a {'step' if fit.B > 1 else 'flat line'})")
+        shape = {"param": "B", "form": "shape", "shape": "step" if fit.B > 1 else "flat line"}
+        out.append(Reason("bound", {"value": fit.B}, shape))
     collapse = collapse_reason(fit, pool, n_seeds)
-    if collapse and not fit.pool_note.startswith("rises then falls"):  # said once
+    if collapse and getattr(fit.pool_note, "kind", "") != "collapse":  # said once
         out.append(collapse)
     cs, m = variant_mean(fit)
     k = max(n_seeds, 1)
@@ -495,10 +488,7 @@ def shape_reasons(fit: SigmoidFit, pool: DeviationPool, n_seeds: int) -> list[st
         se = pool.sd(n_tail) / np.sqrt(k)
         z = float(resid.mean() / se) if se > 0 else 0.0
         if abs(z) > STRUCTURE_Z:
-            way = "above" if z > 0 else "below"
-            out.append(
-                f"its latest third lies {way} the fitted curve (z = {z:+.1f}): structure the sigmoid does not explain"
-            )
+            out.append(Reason("structure", {"z": z}, {"model": "sigmoid"}))
     return out
 
 
@@ -675,7 +665,7 @@ def forecast_variants(
                 c, y, settings, runs=runs, fit_upto=upto.get(v), target=goal.get(v), n_resamples=n_resamples
             )
         except FitError as e:
-            failed[v] = str(e)
+            failed[v] = e.why
     how = "pooling none: each variant fitted on its own"
     if settings.model != "sigmoid":
         how += f"; fit model {settings.model.replace('_', ' ')}"

@@ -22,6 +22,7 @@ from scalefit.fit import MIN_POINTS, check_curve, fit_window, run_labels
 from scalefit.lm import batched_lm
 from scalefit.model import CurveFit, CurveModel
 from scalefit.parameters import ASYMPTOTE, EFFICIENCY, Parameter, Parameters
+from scalefit.reasons import Reason
 
 POWER_LAW_A_GRID = np.round(np.arange(0.450, 1.0 + 1e-9, 0.005), 3)
 LOG_D_BOUNDS = (-50.0, 50.0)
@@ -75,10 +76,10 @@ class PowerLawFit(CurveFit):
         return 3 - (self.a_grid is not None and len(self.a_grid) == 1)
 
     @property
-    def not_identified(self) -> list[str]:
+    def not_identified(self) -> list[Reason]:
         """B on a bound of its range: the curve is flat or a step, no power law."""
         if not B_BOUNDS[0] * 1.01 < self.B < B_BOUNDS[1] * 0.99:
-            return [f"B = {self.B:.3g} is on a bound of its range {B_BOUNDS}: not a power law"]
+            return [Reason("bound", {"value": self.B}, {"param": "B", "form": "range", "range": str(B_BOUNDS)})]
         return []
 
     def refit_batch(self, y_draws: np.ndarray) -> np.ndarray:

@@ -39,7 +39,9 @@ import numpy as np
 from scipy.special import ndtri
 
 from scalefit.defaults import DEFAULT_MARGIN
+from scalefit.ladder import against_margin
 from scalefit.model import CurveFit
+from scalefit.reasons import Reason
 from scalefit.slower_or_lower import Knee, Separation, knee_from_data, separate
 from scalefit.uncertainty import central_percentiles, interval_holding
 
@@ -228,7 +230,7 @@ class Verdict:
     interval instead)."""
 
     predictable: bool
-    reasons: list[str]
+    reasons: list[Reason]  # each a kind and its numbers (``scalefit.reasons``), printed as its full text
     more_compute: float | None = None  # factor on the fitted compute the backtests suggest, if known
     error_only: bool = False
     band_only: bool = False
@@ -247,6 +249,10 @@ class Verdict:
                 "within the margin"
             )
         return out
+
+    def short(self) -> str:
+        """Why not yet predictable, in a few words: the first reason's short form (empty when predictable)."""
+        return "" if self.predictable or not self.reasons else self.reasons[0].short()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -309,7 +315,7 @@ class Forecast(CurveForecast):
     verdict: Verdict | None = None
     seed: int = 0
     refitted_points: int | None = None  # fitted evaluations the bootstrap refitted (fewer when thinned)
-    no_band: list[str] = field(default_factory=list)
+    no_band: list[Reason] = field(default_factory=list)
 
     max_backtests: ClassVar[int]  # the latest feasible origins backtested
     backtest_resamples: ClassVar[int]  # resamples of each backtest's prefix forecast
@@ -340,12 +346,12 @@ class Forecast(CurveForecast):
         """Expected error of the prediction of the mean of ``n_runs`` runs over ``computes`` (NaN: no estimate)."""
 
     @abstractmethod
-    def doubts(self) -> list[str]:
+    def doubts(self) -> list[Reason]:
         """Why the fit cannot be trusted beyond its data, in the model's order (identification, too
         few backtests); empty when none."""
 
     @abstractmethod
-    def error_doubt(self) -> tuple[str | None, float | None]:
+    def error_doubt(self) -> tuple[Reason | None, float | None]:
         """The reason the expected error exceeds the margin (None when it does not), and the compute
         factor the errors' trend suggests (None: no estimate)."""
 
@@ -361,11 +367,11 @@ class Forecast(CurveForecast):
         judges by its backtests' error instead (a variant fitted alone)."""
         return None
 
-    def structure_doubts(self, design: CurveFit | None = None) -> list[str]:
+    def structure_doubts(self, design: CurveFit | None = None) -> list[Reason]:
         """Residual structure the curve does not explain (``design``: the points the noise was measured on)."""
         return []
 
-    def unchecked_extrapolation(self, name: str) -> list[str]:
+    def unchecked_extrapolation(self, name: str) -> list[Reason]:
         """Why ``name``'s extrapolation is unchecked by backtests a call past the data needs (empty: checked)."""
         return []
 
@@ -485,7 +491,7 @@ class Forecast(CurveForecast):
         """The verdict: no band, or the model's doubts, then its error against the margin, then
         residual structure; each reason in numbers, with the compute likely needed where known."""
         if self.no_band:
-            return Verdict(False, ["no band: " + "; ".join(self.no_band)])
+            return Verdict(False, [Reason("no_band", parts=tuple(self.no_band))])
         reasons = self.doubts()
         identified = not reasons
         knee_doubt = self.knee_doubt()
@@ -501,14 +507,14 @@ class Forecast(CurveForecast):
         more_compute = max(more) if more and reasons else None
         return Verdict(not reasons, reasons, more_compute, error_only, error_only and self.paired)
 
-    def knee_doubt(self) -> list[str]:
+    def knee_doubt(self) -> list[Reason]:
         """Past data that do not show their knee, where the open ceiling's rise (``open_rise``) at the
         forecast's target (``ratio`` x its data) passes the margin: the reason."""
         at = float(self.fit.compute.max()) * self.ratio
         if self.open_rise([at])[0] <= self.margin:
             return []
         oc = self.open_ceiling
-        return [f"its data do not show its knee ({oc.why}): at {self.ratio:.3g}x its data, {oc.text(self, at)}"]
+        return [Reason("open_knee", {"ratio": self.ratio}, {"test": oc.why, "allows": oc.text(self, at)})]
 
     def at(self, compute, observed=None, n_runs: int = 1) -> list[dict[str, Any]]:
         """Point prediction and both bands at each compute value (with the observation, if given)."""
@@ -584,27 +590,19 @@ class Call:
     hi: float
     reason: str = ""
     reading: Separation | None = None  # ceiling or efficiency (``scalefit.slower_or_lower``; sigmoids only)
+    reasons: tuple[Reason, ...] = ()  # as data, where the call was not made for want of a fit to make it from
+    unseparated: str = ""  # "slower or lower" / "faster or higher": what ``withhold`` left open (``UNSEPARATED``)
+
+    def short(self) -> str:
+        """Why no call, in a few words (its first reason's short form); empty where it has none as data."""
+        return self.reasons[0].short() if self.reasons else ""
 
     def text(self, margin: float) -> str:
-        for which in UNSEPARATED.values():
-            if self.label == "cannot tell yet" and self.reason.startswith(which + ": "):
-                return f"{which}: cannot tell yet ({self.reason[len(which) + 2 :]})"
+        if self.label == "cannot tell yet" and self.unseparated:
+            return f"{self.unseparated}: cannot tell yet ({self.reason})"
         if self.label == "cannot tell yet" and self.reason:
             return f"cannot tell yet: {self.reason}"
         return f"{self.label}: Δ {self.delta:+.3f} [{self.lo:+.3f}, {self.hi:+.3f}]"
-
-
-def against_margin(lo: float, hi: float, margin: float) -> str | None:
-    """Where an interval of a difference (variant - baseline) lies against ±margin: ``worse`` (all
-    below -margin), ``better`` (all above +margin), ``within`` (inside it), or None (it straddles an
-    edge: not resolved). The one ladder every call and every measured comparison reads."""
-    if hi < -margin:
-        return "worse"
-    if lo > margin:
-        return "better"
-    if -margin <= lo and hi <= margin:
-        return "within"
-    return None
 
 
 def extrapolates(fc: Forecast, at: float) -> bool:
@@ -612,14 +610,14 @@ def extrapolates(fc: Forecast, at: float) -> bool:
     return at > float(fc.fit.compute.max()) * (1 + 1e-9)
 
 
-def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list[str]:
+def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list[Reason]:
     """Why ``fc`` cannot carry a call at ``at`` (empty when it can): not identified, or, past its
     fitted data, an extrapolation unchecked by backtests (``Forecast.unchecked_extrapolation``) or
     whose asymptote it does not bound. ``open_side`` ("lower" / "upper"): the grid edge A may reach
     without overturning the call (a variant called better whose ceiling may be higher still);
     clipped there, its draws only understate the difference."""
     if fc.fit.not_identified:
-        return [f"{name}'s fit is not identified"]
+        return [Reason("not_identified", words={"arm": name})]
     if not extrapolates(fc, at):
         return []
     why = fc.unchecked_extrapolation(name)
@@ -628,9 +626,7 @@ def unsupported(name: str, fc: Forecast, at: float, open_side: str = "") -> list
         a_lo, a_hi = fc.interval(ceiling)
         edges = (fc.fit.parameters[ceiling].min, fc.fit.parameters[ceiling].max)
         if (a_lo <= edges[0] + 1e-9 and open_side != "lower") or (a_hi >= edges[1] - 1e-9 and open_side != "upper"):
-            why.append(
-                f"{name}'s asymptote is not bounded (A's interval [{a_lo:.3f}, {a_hi:.3f}] reaches its grid's edge)"
-            )
+            why.append(Reason("asymptote", {"lo": a_lo, "hi": a_hi}, {"arm": name}))
     return why
 
 
@@ -720,14 +716,14 @@ def withhold(call: Call, why: str, open_ceiling: bool = False) -> Call:
     if (efficiency, call.delta < 0) not in (("slower", True), ("faster", False)):
         efficiency = ""  # a variant behind at the budget is not explained by its being faster, nor ahead by slower
     which = UNSEPARATED.get(call.label) or UNSEPARATED.get({"slower": "worse", "faster": "better"}.get(efficiency, ""))
-    if which and (open_ceiling or efficiency in ("slower", "faster")):
-        told = ""
-        if r is not None and r.ceiling == "cannot tell":
-            lo, hi = r.delta_a_interval
-            told = f"{r.efficiency_text()}, ceiling not yet told (ΔA {r.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}]); "
-            told += f"{r.separation_text()}; "
-        why = f"{which}: {told}{why}"
-    return Call("cannot tell yet", call.delta, call.lo, call.hi, why, call.reading)
+    if not (which and (open_ceiling or efficiency in ("slower", "faster"))):
+        return Call("cannot tell yet", call.delta, call.lo, call.hi, why, call.reading)
+    told = ""
+    if r is not None and r.ceiling == "cannot tell":
+        lo, hi = r.delta_a_interval
+        told = f"{r.efficiency_text()}, ceiling not yet told (ΔA {r.delta_a:+.3f} [{lo:+.3f}, {hi:+.3f}]); "
+        told += f"{r.separation_text()}; "
+    return Call("cannot tell yet", call.delta, call.lo, call.hi, told + why, call.reading, unseparated=which)
 
 
 def label_call(variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float, level: float) -> Call:
@@ -771,7 +767,7 @@ def backed(
     why = unsupported("the variant's own fit", own_v, budget, side[0])
     why += unsupported("the baseline's own fit", own_b, bb, side[1])
     if why:
-        if any("asymptote" in w for w in why) and call.label in UNSEPARATED:
+        if any(w.kind == "asymptote" for w in why) and call.label in UNSEPARATED:
             return withhold(call, f"{'; '.join(why)}; {pooled}", open_ceiling=True)
         return withhold(call, f"the variant's own fit does not back it: {'; '.join(why)}; {pooled}")
     own = label_call(own_v, own_b, at, margin, level)
@@ -797,16 +793,16 @@ def call_difference(
     grid's edge): such a difference is the fit's guess, not the data's. Past the data, a call from a
     forecast that borrowed from other variants also needs the variant's own data to back it (``backed``)."""
     pair = (("variant", variant), ("baseline", baseline))
-    why = [f"{n} has no band ({fc.no_band[0]})" for n, fc in pair if fc.no_band]
+    why = [Reason("arm_no_band", words={"arm": n}, parts=(fc.no_band[0],)) for n, fc in pair if fc.no_band]
     at = (budget, budget if baseline_budget is None else baseline_budget)
     for (n, fc), c in zip(pair, at, strict=True):
         if not fc.no_band:
             why += unsupported(n, fc, c)
     if why:
-        return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why))
+        return Call("cannot tell yet", np.nan, np.nan, np.nan, "; ".join(why), reasons=tuple(why))
     call = label_call(variant, baseline, at, margin, level)
     call.reading = reading(variant, baseline, at, margin)
     if call.label == "cannot tell yet":  # the interval straddles a margin: slower or lower, where the reading says
         withheld = withhold(call, f"Δ {call.delta:+.3f} [{call.lo:+.3f}, {call.hi:+.3f}] straddles ±{margin:g}")
-        return withheld if withheld.reason.startswith(tuple(UNSEPARATED.values())) else call
+        return withheld if withheld.unseparated else call
     return knee_bounded(backed(call, variant, baseline, at, margin, level), variant, baseline, at, margin)

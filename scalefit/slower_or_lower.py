@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from scalefit.ladder import against
 from scalefit.uncertainty import central_percentiles, interval_holding
 
 KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
@@ -168,27 +169,15 @@ class Separation:
     @property
     def ceiling(self) -> str:
         """lower | higher | same | cannot tell"""
-        lo, hi = self.delta_a_interval
-        if not self.ceiling_open and hi < -self.margin:
-            return "lower"
-        if not self.ceiling_open and lo > self.margin:
-            return "higher"
-        if not self.ceiling_open and -self.margin <= lo and hi <= self.margin:
-            return "same"
-        return "cannot tell"
+        side = None if self.ceiling_open else against(*self.delta_a_interval, -self.margin, self.margin)
+        return {"below": "lower", "above": "higher", "within": "same"}.get(side, "cannot tell")
 
     @property
     def efficiency(self) -> str:
         """slower | faster | same | cannot tell (by the compute to reach ``share`` of its own gain,
         against the baseline's: C_mid and B, not A)"""
-        lo, hi = self.later_interval
-        if lo > LATER_FACTOR:
-            return "slower"
-        if hi < 1 / LATER_FACTOR:
-            return "faster"
-        if lo >= 1 / LATER_FACTOR and hi <= LATER_FACTOR:
-            return "same"
-        return "cannot tell"
+        side = against(*self.later_interval, 1 / LATER_FACTOR, LATER_FACTOR)
+        return {"below": "faster", "above": "slower", "within": "same"}.get(side, "cannot tell")
 
     @property
     def label(self) -> str:

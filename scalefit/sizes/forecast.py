@@ -22,6 +22,7 @@ import numpy as np
 from scalefit.curve import sigmoid
 from scalefit.errors import FitError
 from scalefit.prediction import CurveForecast, Verdict
+from scalefit.reasons import Reason
 from scalefit.sizes.builds import build_sd_of_a, size_trend
 from scalefit.sizes.data import SizeData
 from scalefit.sizes.fits import A_GRID, SizeFit, fit_size
@@ -298,25 +299,24 @@ def _verdict(
     predictable one's says by how much)."""
     reasons = []
     if choice.loso_rmse > tolerance:
-        reasons.append(f"the laws predicted held-out sizes to RMSE {choice.loso_rmse:.3f} > {tolerance}")
+        reasons.append(Reason("laws_error", {"rmse": choice.loso_rmse, "tolerance": tolerance}))
     half = (a_interval[1] - a_interval[0]) / 2
     if half > tolerance:
-        reasons.append(f"A's {level:.0%} interval is ±{half:.3f} wide (> ±{tolerance})")
+        reasons.append(Reason("a_interval", {"level": level, "half": half, "tolerance": tolerance}))
     reach = params / fits[-1].params
     if reach > MAX_REACH:
-        reasons.append(f"{reach:.1f}x the largest fitted size's parameters (> {MAX_REACH:g}x)")
+        reasons.append(Reason("size_reach", {"reach": reach, "max": MAX_REACH}))
     if len(fits) < 4:
-        reasons.append(f"only {len(fits)} fitted sizes: the laws' held-out error rests on {len(fits)} folds")
+        reasons.append(Reason("sizes", {"n": len(fits)}))
     if (stalled := _ceiling_stalled(fits, a)) and reach > 1:
         reasons.append(stalled)
     if reasons:
         return Verdict(False, reasons)
-    return Verdict(
-        True, [f"held-out RMSE {choice.loso_rmse:.3f} <= {tolerance}, A ±{half:.3f}, {reach:.1f}x the largest size"]
-    )
+    held = {"rmse": choice.loso_rmse, "tolerance": tolerance, "half": half, "reach": reach}
+    return Verdict(True, [Reason("sizes_held", held)])
 
 
-def _ceiling_stalled(fits: list[SizeFit], forecast_a: float) -> str | None:
+def _ceiling_stalled(fits: list[SizeFit], forecast_a: float) -> Reason | None:
     """Why this forecast should not be trusted upwards: it puts A above the largest fitted size's by more
     than their spread while that size's A is not above the next one's by more than it (results/scale-gpu:
     mini 0.790, medium 0.777, a forecast of 0.948 for large, which reached 0.695). A forecast that
@@ -327,11 +327,8 @@ def _ceiling_stalled(fits: list[SizeFit], forecast_a: float) -> str | None:
     spread = float(np.hypot(top.sd["A"], prev.sd["A"]))
     if top.theta["A"] - prev.theta["A"] > spread or forecast_a <= top.theta["A"] + spread:
         return None
-    return (
-        f"the ceiling stopped rising with size: {top.name}'s A {top.theta['A']:.3f} is not above "
-        f"{prev.name}'s {prev.theta['A']:.3f} by more than their spread (±{spread:.3f}), yet the laws put "
-        f"this size's at {forecast_a:.3f}"
-    )
+    numbers = {"top_A": top.theta["A"], "prev_A": prev.theta["A"], "spread": spread, "forecast_A": forecast_a}
+    return Reason("stalled", numbers, {"top": top.name, "prev": prev.name})
 
 
 def _against_actual(
