@@ -11,9 +11,9 @@ import pandas as pd
 
 from analysis.curves import bad_points, spliced, steady_points
 from runners.contract import MEAN_AT_16
-from scalefit.pooled_forecast import forecast_variants
-from scalefit.prediction import CampaignForecast
-from scalefit.settings import FitSettings
+from scalefit.forecasts.interface import CampaignForecast
+from scalefit.forecasts.pooled import forecast_variants
+from scalefit.forecasts.settings import FitSettings
 
 WALL_CLOCK = "compute/gpu_hours"
 

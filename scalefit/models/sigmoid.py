@@ -23,12 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import expit
 
-from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
-from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
-from scalefit.lm import batched_lm
-from scalefit.model import CurveFit, CurveModel
-from scalefit.parameters import CEILING, EFFICIENCY, START, Parameter, Parameters
+from scalefit.models.base import CurveFit, CurveModel
+from scalefit.models.curve import sigmoid, sigmoid_residuals
+from scalefit.models.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
+from scalefit.models.lm import batched_lm
+from scalefit.models.parameters import CEILING, EFFICIENCY, START, Parameter, Parameters
 
 B_BOUNDS = (1e-3, 50.0)
 CHUNK_FLOATS = 4_000_000  # floats per temporary array (32 MB): bounds memory for any n
@@ -465,9 +465,7 @@ def _start_level(r0: float | None, c_all: np.ndarray, v_all: np.ndarray) -> floa
     return r0
 
 
-def fit_window(
-    c_all: np.ndarray, exclude_below: float | None, fit_upto: float | None
-) -> tuple[np.ndarray, np.ndarray]:
+def fit_window(c_all: np.ndarray, exclude_below: float | None, fit_upto: float | None) -> tuple[np.ndarray, np.ndarray]:
     """The points fitted (compute > 0, within the window) and those held out (above ``fit_upto``)."""
     keep = c_all > 0
     if exclude_below is not None:
