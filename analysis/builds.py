@@ -15,7 +15,7 @@ import pandas as pd
 
 from runners.contract import MEAN_AT_16
 from scalefit import FitError, fit_sigmoid
-from scalefit.settings import FitSettings
+from scalefit.forecasts.settings import FitSettings
 
 BUILD = "build"  # curves.csv's column: the first 12 hex digits of the run's base weights' sha256 ("" unknown)
 LAST_K = 3

@@ -17,8 +17,8 @@ import pandas as pd
 
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
 from runners.tracking import store
-from scalefit.settings import FitSettings
-from scalefit.unstable import MAD_SD, Flag, flag_runs
+from scalefit.data.unstable import MAD_SD, Flag, flag_runs
+from scalefit.forecasts.settings import FitSettings
 
 CURVE_METRICS = (MEAN_AT_16, PASS_AT_16, *COMPUTE_METRICS)
 
@@ -210,7 +210,7 @@ def _samples_by_step(steps: pd.Series, params: dict[str, str]) -> pd.Series:
 
 
 def steady_points(curves: pd.DataFrame) -> tuple[pd.DataFrame, list[Flag]]:
-    """The evaluations a fit should hold, and the runs flagged unstable (``scalefit.unstable``: a
+    """The evaluations a fit should hold, and the runs flagged unstable (``scalefit.data.unstable``: a
     seed that leaves its siblings by a robust margin at a step). The flagged evaluations are left out
     of the fit, as one collapse would otherwise move its variant's curve and every verdict; they stay
     in curves.csv and the plot (red crosses), and each run is named in its variant's row. Runs on

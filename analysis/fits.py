@@ -11,10 +11,10 @@ import pandas as pd
 
 from analysis.curves import bad_points, spliced, steady_points
 from runners.contract import MEAN_AT_16
-from scalefit.pooled_forecast import forecast_variants
-from scalefit.prediction import CampaignForecast
+from scalefit.forecasts.interface import CampaignForecast
+from scalefit.forecasts.pooled import forecast_variants
+from scalefit.forecasts.settings import FitSettings
 from scalefit.reasons import Reason
-from scalefit.settings import FitSettings
 
 WALL_CLOCK = "compute/gpu_hours"
 

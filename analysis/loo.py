@@ -21,7 +21,7 @@ from analysis.fits import HALF_RESAMPLES, Model, campaign_model
 from analysis.render import plot_campaign, report_folder, runs_markdown, to_markdown
 from analysis.table import SHORT_COLUMNS, calls, extrapolation_check, fit_table, measured_at_budget
 from runners.tracking import store
-from scalefit.settings import FitSettings
+from scalefit.forecasts.settings import FitSettings
 
 __all__ = [
     "Model",

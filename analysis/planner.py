@@ -32,7 +32,7 @@ from scipy.stats import norm
 from analysis import builds
 from runners.contract import MEAN_AT_16
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.settings import FitSettings
+from scalefit.forecasts.settings import FitSettings
 
 ALPHA = 0.05
 POWER = 0.8

@@ -12,9 +12,9 @@ import pandas as pd
 from analysis import builds
 from analysis.curves import bad_points, unstable_points
 from runners.contract import MEAN_AT_16
-from scalefit.models import make_model
-from scalefit.plot import plot_fits
-from scalefit.settings import FitSettings
+from scalefit.forecasts.plot import plot_fits
+from scalefit.forecasts.settings import FitSettings
+from scalefit.models.registry import make_model
 
 
 def _text(v: Any) -> str:

@@ -13,8 +13,8 @@ import pandas as pd
 
 from runners.contract import MEAN_AT_16
 from runners.task.sizes import SIZES, parameter_count
+from scalefit.data.outputs import write_json
 from scalefit.errors import FitError
-from scalefit.outputs import write_json
 from scalefit.sizes import MIN_SIZES, backtest_sizes, fit_size, forecast_lines, forecast_size, plot_sizes, size_data
 
 FORECAST_FILES = ("sizes.md", "sizes.json", "sizes.png")

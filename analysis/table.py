@@ -16,11 +16,11 @@ from analysis.fits import HALF_RESAMPLES, Model, campaign_model, warn_wall_clock
 from analysis.planner import plan as seed_plan
 from runners.contract import MEAN_AT_16
 from scalefit import CurveFit, FitError, compare_fits, seed_spread
-from scalefit.bounded import Bound, doublings, largest_rise
-from scalefit.prediction import Forecast, against_margin, call_difference
+from scalefit.data.unstable import Flag, arm_counts
+from scalefit.decide.bounded import Bound, doublings, largest_rise
+from scalefit.forecasts.interface import Forecast, against_margin, call_difference
+from scalefit.forecasts.settings import FitSettings
 from scalefit.reasons import Reason
-from scalefit.settings import FitSettings
-from scalefit.unstable import Flag, arm_counts
 
 
 def fit_table(
@@ -249,7 +249,7 @@ def calls(
     """Each variant against the baseline at the budget both reached (the smaller), from the fit to all
     of the compute and from the fit to its first half: worse / no difference / better / cannot tell yet,
     each with its reading where the fits are sigmoids (``reading``, ``half_reading``: lower, higher,
-    slower, faster, same, or what is not yet told; ``scalefit.slower_or_lower``). Given the campaign's
+    slower, faster, same, or what is not yet told; ``scalefit.forecasts.slower_or_lower``). Given the campaign's
     ``curves`` (compute column ``x``), a call the fits leave at "cannot tell yet" is "worse" where the
     data bound it so (``bounded_worse``)."""
     out = _fit_calls(model, half, margin)
@@ -259,7 +259,7 @@ def calls(
 def bounded_worse(
     called: pd.DataFrame, curves: pd.DataFrame, x: str, margin: float, arms: set[str], last_k: int = 3
 ) -> pd.DataFrame:
-    """``called`` with each "cannot tell yet" turned "worse" where the data bound it (``scalefit.bounded``;
+    """``called`` with each "cannot tell yet" turned "worse" where the data bound it (``scalefit.decide.bounded``;
     flagged evaluations left out, as in the fit). At the budget: the measured comparison of the seeds'
     last-``last_k`` means lies below -margin (``measured_at_budget``). At half of it: the seeds' levels
     there (interpolated) lie below the baseline's by more than any rise the campaign has shown in one
@@ -326,7 +326,7 @@ def _resolvable(curves: pd.DataFrame, x: str, cfg: FitSettings) -> pd.DataFrame:
 
 
 def measured_steady(curves: pd.DataFrame, flags: list[Flag], settings: FitSettings, arms: set[str]) -> pd.DataFrame:
-    """The at-budget comparison of the last-k means without the flagged runs (``scalefit.unstable``),
+    """The at-budget comparison of the last-k means without the flagged runs (``scalefit.data.unstable``),
     as columns ``steady_measured_last{k}`` (text), ``_delta``, ``_lo``, ``_hi``, ``_label``, for each
     variant whose comparison held one (the variant's or the baseline's); none where no run was flagged."""
     k = settings.last_k

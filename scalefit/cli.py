@@ -10,15 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from scalefit.compare import compare_fits
-from scalefit.curves_csv import read_curves
+from scalefit.data.curves_csv import read_curves
+from scalefit.data.outputs import check_writable, write_json
+from scalefit.decide.compare import compare_fits
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.forecast import MAX_RESAMPLES, Forecast, forecast
-from scalefit.grids import parse_grid
-from scalefit.model import CurveFit, CurveModel
-from scalefit.models import make_model, model_names
-from scalefit.outputs import check_writable, write_json
+from scalefit.forecasts.single import MAX_RESAMPLES, Forecast, forecast
+from scalefit.models.base import CurveFit, CurveModel
+from scalefit.models.grids import parse_grid
+from scalefit.models.registry import make_model, model_names
 from scalefit.sizes.command import add_parser as add_sizes
 
 
@@ -160,7 +160,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         payload = {"runs": results, **({"failed": failed} if failed else {})}
     write_json(payload, args.json)
     if args.plot and fits:
-        from scalefit.plot import plot_fits
+        from scalefit.forecasts.plot import plot_fits
 
         path = plot_fits(fits, args.plot, forecasts=fcs, xlabel=args.x, ylabel=args.y)
         print(f"plot written to {path}", file=summary_stream)
@@ -202,7 +202,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Fit the bundled example: synthetic curves from the paper's Table 1, with the sigmoid and then
     the power law on the same points."""
-    from scalefit.synthetic import table1_frame
+    from scalefit.data.synthetic import table1_frame
 
     out = Path(args.out)
     check_writable(out / "fit.json", "--out")

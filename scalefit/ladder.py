@@ -1,7 +1,7 @@
 """The margin ladder: where an interval of a difference lies against two edges, written once.
 
-Every call (``scalefit.prediction``: worse / no difference / better / cannot tell yet), every measured
-comparison (``analysis.table``) and the slower-or-lower reading (``scalefit.slower_or_lower``: a
+Every call (``scalefit.forecasts.interface``: worse / no difference / better / cannot tell yet), every measured
+comparison (``analysis.table``) and the slower-or-lower reading (``scalefit.forecasts.slower_or_lower``: a
 ceiling lower / same / higher, an efficiency faster / same / slower) reads an interval this way.
 """
 

@@ -32,9 +32,9 @@ import pandas as pd
 from runners.campaign.adaptive import decide_at
 from runners.campaign.spec import Adaptive, X
 from runners.contract import MEAN_AT_16
-from scalefit.curve import sigmoid
-from scalefit.settings import POOLING, FitSettings
-from scalefit.synthetic import realistic_runs
+from scalefit.data.synthetic import realistic_runs
+from scalefit.forecasts.settings import POOLING, FitSettings
+from scalefit.models.curve import sigmoid
 
 ROOT = Path(__file__).resolve().parent.parent
 # (label, dA, B factor, C_mid factor): how a variant differs from its baseline

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from scalefit import bootstrap, fit_sigmoid, forecast
-from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
-from scalefit.synthetic import TABLE1, synthetic_curve
+from scalefit.data.synthetic import TABLE1, synthetic_curve
+from scalefit.models.grids import PAPER_A_GRID, PAPER_CMID_GRID
 from tests.naive_fit import naive_fit
 from tests.scale_cases import run_measured, seeds_csv
 
@@ -37,9 +37,9 @@ def best_of(fn, repeat: int) -> tuple[float, object]:
 
 def joint_campaign() -> None:
     """A 12-variant campaign (3 seeds x 31 evaluations each, one B): the joint fit and its forecast."""
-    from scalefit.pooled import fit_campaign
-    from scalefit.pooled_forecast import forecast_campaign
-    from scalefit.synthetic import campaign_runs
+    from scalefit.data.synthetic import campaign_runs
+    from scalefit.forecasts.pooled import forecast_campaign
+    from scalefit.forecasts.pooled_fit import fit_campaign
 
     rng = np.random.default_rng(0)
     truth = {f"v{i}": (3000 * rng.uniform(0.7, 1.4), 1.9, rng.uniform(0.55, 0.8)) for i in range(12)}

@@ -44,8 +44,8 @@ import pandas as pd
 from scipy.stats import beta, norm, spearmanr
 
 from scalefit import FitError, bootstrap, fit_sigmoid
-from scalefit.forecast import forecast
-from scalefit.synthetic import TABLE1, realistic_runs
+from scalefit.data.synthetic import TABLE1, realistic_runs
+from scalefit.forecasts.single import forecast
 
 MARGIN = 0.02
 REAL_X = "compute/samples"  # load-independent compute, logged by every run
@@ -244,7 +244,7 @@ def _settings(study: str, pooling: str) -> dict:
 
 
 def as_loo_curves(df: pd.DataFrame) -> pd.DataFrame:
-    """``scalefit.synthetic.campaign_runs``'s table as a campaign's curves (``analysis fit``'s columns):
+    """``scalefit.data.synthetic.campaign_runs``'s table as a campaign's curves (``analysis fit``'s columns):
     a step every 10, compute in completions, mean@16, each variant its own axis, runs named variant/seedN."""
     df = df.assign(step=df.groupby(["variant", "seed"]).cumcount() * 10)
     df = df.rename(columns={"compute": REAL_X, "value": "val/mean_at_16"})
@@ -254,7 +254,7 @@ def as_loo_curves(df: pd.DataFrame) -> pd.DataFrame:
 def synthetic_campaigns(n: int, seed: int = 0):
     """(name, curves, fit settings) of n synthetic campaigns with known truth: 6-10 variants each,
     B spread around a campaign value (none, a little, a lot), budgets from near the knee to well past it."""
-    from scalefit.synthetic import campaign_runs
+    from scalefit.data.synthetic import campaign_runs
 
     rng = np.random.default_rng(seed)
     for i in range(n):
@@ -301,7 +301,7 @@ EFFICIENCY_ARMS = {
 def efficiency_campaigns(n: int, seed: int = 7):
     """(name, curves, fit settings) of n synthetic efficiency studies (``EFFICIENCY_ARMS``) with
     loo-gpu6's noise (300 prompts, run-to-run drift, a seed offset), each its own A, B and C_mid."""
-    from scalefit.synthetic import campaign_runs
+    from scalefit.data.synthetic import campaign_runs
 
     rng = np.random.default_rng(seed)
     for i in range(n):
@@ -355,7 +355,7 @@ def perfect_rate(model, variant: str, seeds: int, margin: float = MARGIN) -> flo
     mean of ``seeds`` seeds' last ``LAST_K`` evaluations at the budget, under the seed noise the fit
     to all of it estimates there (``noise_sd``: its pool is the campaign's, so any variant's
     forecast serves one without a fit); NaN where the model has no such noise estimate."""
-    from scalefit.pooled_forecast import PooledForecast
+    from scalefit.forecasts.pooled import PooledForecast
 
     fcs = [model.forecasts[variant]] if variant in model.forecasts else []
     fcs += list(model.forecasts.values())

@@ -21,8 +21,8 @@ import warnings
 import numpy as np
 import pandas as pd
 
+from scalefit.data.synthetic import size_runs
 from scalefit.sizes import backtest_sizes, forecast_size, size_data
-from scalefit.synthetic import size_runs
 
 GPU_SIZES = {"nano": 463_008, "micro": 1_673_120, "mini": 5_298_944, "medium": 14_240_640, "large": 25_790_912}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalefit.unstable import deviations, flag_runs, flagged, typical_scale
+from scalefit.data.unstable import deviations, flag_runs, flagged, typical_scale
 
 KNOWN = {("loo-gpu", "off_policy=ppo", 1), ("scale-gpu2-probe", "size=medium", 42)}  # the recorded collapses
 
@@ -119,7 +119,9 @@ def recorded(results: Path) -> list[str]:
 def run(studies: int = 1000, seed: int = 0, results: Path = Path("results")) -> list[str]:
     """The benchmark's printed lines."""
     t0 = time.perf_counter()
-    out = ["unstable-run flag (scalefit.unstable) on simulated healthy campaigns (target: <= 3% of studies flagged):"]
+    out = [
+        "unstable-run flag (scalefit.data.unstable) on simulated healthy campaigns (target: <= 3% of studies flagged):"
+    ]
     for tails in ("light", "heavy"):
         rng = np.random.default_rng(seed)
         flagged_studies = sum(_any_flag(healthy_campaign(rng, tails)) for _ in range(studies))

@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 from scipy.optimize import OptimizeWarning, curve_fit
 
-from scalefit.curve import sigmoid
+from scalefit.models.curve import sigmoid
 
 
 def naive_fit(compute, value, r0: float, a_grid, cmid_grid) -> dict[str, float]:

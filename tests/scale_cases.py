@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from scalefit.synthetic import TABLE1, synthetic_curve
+from scalefit.data.synthetic import TABLE1, synthetic_curve
 
 
 def seeds_csv(path: Path, seeds: int, n: int, n_prompts: int = 50) -> Path:
@@ -41,7 +41,7 @@ def run_measured(cmd: list[str], cwd: Path, limit: int | None = None) -> tuple[i
 
 
 def size_curves(df: pd.DataFrame) -> pd.DataFrame:
-    """A synthetic scale study's runs (``scalefit.synthetic.size_runs``) as ``analysis fit`` reads a
+    """A synthetic scale study's runs (``scalefit.data.synthetic.size_runs``) as ``analysis fit`` reads a
     scale campaign's curves: a variant per size, a step per 512 completions."""
     variant = "size=" + df["size"]
     return pd.DataFrame(

@@ -14,7 +14,7 @@ from runners.campaign.adaptive import decide_at
 from runners.campaign.load import load_campaign
 from runners.campaign.spec import Adaptive, CampaignError, X
 from runners.contract import MEAN_AT_16
-from scalefit.synthetic import realistic_runs
+from scalefit.data.synthetic import realistic_runs
 from tests.conftest import empty_store
 
 

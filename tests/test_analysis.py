@@ -12,8 +12,8 @@ import pytest
 from analysis.loo import extrapolation_check, fit_table, load_curves, measured_at_budget, read_curves, to_markdown
 from runners.campaign.spec import fit_settings as S  # a campaign's fit: section, parsed as load_campaign parses it
 from runners.contract import MEAN_AT_16
-from scalefit.curve import sigmoid
-from scalefit.synthetic import synthetic_curve
+from scalefit.data.synthetic import synthetic_curve
+from scalefit.models.curve import sigmoid
 from tests.conftest import empty_store
 
 X = "compute/gpu_hours"

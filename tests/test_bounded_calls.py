@@ -1,4 +1,4 @@
-"""A call for arms that have no fit (scalefit.bounded through analysis.table.calls): a variant below
+"""A call for arms that have no fit (scalefit.decide.bounded through analysis.table.calls): a variant below
 the baseline by more than any rise the campaign has shown in one doubling is "worse", at half the
 budget and at the budget; a smaller deficit, or a lead, gets no such call."""
 
@@ -13,8 +13,8 @@ from analysis.fits import campaign_model
 from analysis.table import calls
 from runners.campaign.spec import fit_settings
 from runners.contract import MEAN_AT_16
-from scalefit.bounded import largest_rise
-from scalefit.synthetic import campaign_runs
+from scalefit.data.synthetic import campaign_runs
+from scalefit.decide.bounded import largest_rise
 
 X = "compute/samples"
 

@@ -16,8 +16,9 @@ import scalefit
 from analysis.loo import write_fit
 from runners.campaign.load import load_campaign
 from runners.campaign.spec import CampaignError, fit_settings
-from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model, models
-from scalefit.synthetic import synthetic_curve
+from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model
+from scalefit.data.synthetic import synthetic_curve
+from scalefit.models import registry as models
 from tests.test_analysis import X, curves
 
 MODELS = {"sigmoid": ("A", "B", "C_mid"), "power_law": ("A", "D", "B")}
@@ -153,7 +154,7 @@ def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads
 
 
 def _documented_model(tmp_path: Path) -> Path:
-    """docs/extending.md's model module, as the page writes it, in a folder of the scalefit package."""
+    """docs/extending.md's model module, as the page writes it, in a folder of the scalefit.models package."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
     section = page.split("## Adding a fit model", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
@@ -167,12 +168,12 @@ def _documented_model(tmp_path: Path) -> Path:
 def documented_model(tmp_path: Path, monkeypatch):
     """The page's module dropped into the package's path and nothing else changed; the registry
     as it was afterwards."""
-    monkeypatch.setattr(scalefit, "__path__", [*scalefit.__path__, str(_documented_model(tmp_path))])
+    monkeypatch.setattr(scalefit.models, "__path__", [*scalefit.models.__path__, str(_documented_model(tmp_path))])
     monkeypatch.setattr(models, "MODELS", dict(models.MODELS))
-    monkeypatch.setattr(models, "_scanned", False)
-    monkeypatch.delitem(sys.modules, "scalefit.model_exp", raising=False)
+    monkeypatch.delitem(sys.modules, "scalefit.models.model_exp", raising=False)
+    models.registered(rescan=True)
     yield
-    sys.modules.pop("scalefit.model_exp", None)
+    sys.modules.pop("scalefit.models.model_exp", None)
 
 
 def test_the_documented_model_runs_the_loo_path(tmp_path: Path, documented_model):

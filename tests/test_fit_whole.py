@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from runners.campaign.load import expand, load_campaign
 from runners.contract import MEAN_AT_16
 from runners.tracking import store
-from scalefit.synthetic import synthetic_curve
+from scalefit.data.synthetic import synthetic_curve
 from tests.campaigns import write_campaign
 from tests.conftest import empty_store
 
@@ -218,7 +218,7 @@ def test_scalefits_json_killed_mid_write_leaves_the_previous_file(tmp_path):
     dest.write_text(json.dumps({"earlier": True}) + "\n")
     code = (
         "import resource, signal, sys\n"
-        "from scalefit.outputs import write_json\n"
+        "from scalefit.data.outputs import write_json\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
         f"write_json({{'values': list(range(5000))}}, {str(dest)!r})\n"

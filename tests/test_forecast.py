@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from scalefit import FitError, bootstrap, fit_sigmoid, forecast, sigmoid
-from scalefit.forecast import eval_sd
-from scalefit.synthetic import TABLE1, realistic_runs, synthetic_curve
+from scalefit.data.synthetic import TABLE1, realistic_runs, synthetic_curve
+from scalefit.forecasts.single import eval_sd
 
 A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
 

@@ -1,4 +1,4 @@
-"""The forecast interface (``scalefit.prediction.Forecast``): a variant fitted alone and a variant of
+"""The forecast interface (``scalefit.forecasts.interface.Forecast``): a variant fitted alone and a variant of
 a campaign's joint fit answer every member the base declares, with the same kind of answer, and a
 caller given either never needs to ask which it holds. Settings travel as one ``FitSettings``."""
 
@@ -14,10 +14,10 @@ import pytest
 
 from runners.campaign.spec import fit_settings
 from scalefit import compare_fits, decide_stop
-from scalefit.forecast import SingleForecast
-from scalefit.pooled_forecast import PooledForecast, forecast_variants
-from scalefit.prediction import Backtest, Call, CampaignForecast, Forecast, Verdict, call_difference
-from scalefit.synthetic import campaign_runs
+from scalefit.data.synthetic import campaign_runs
+from scalefit.forecasts.interface import Backtest, Call, CampaignForecast, Forecast, Verdict, call_difference
+from scalefit.forecasts.pooled import PooledForecast, forecast_variants
+from scalefit.forecasts.single import SingleForecast
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUTH = {"baseline": (3000, 1.9, 0.70), "lower": (3000, 1.9, 0.60), "slower": (6000, 1.9, 0.70)}

@@ -1,4 +1,4 @@
-"""The runners package by concern: its modules import one way (no cycle, imports inside functions and
+"""The runners and scalefit packages by concern: their modules import one way (no cycle, imports inside functions and
 type-only ones included), each concern imports nothing from the concerns above it, and no module of
 the project (runners, scalefit, analysis, tests) uses a private name of another. Read from the code's
 own imports (``ast``); nothing is run."""
@@ -33,22 +33,25 @@ def _modules(root: Path = ROOT, packages: tuple[str, ...] = ("runners",)) -> dic
     return out
 
 
-def _imports(path: Path, modules: dict[str, Path]) -> list[tuple[str, list[str]]]:
-    """The runners modules ``path`` imports (anywhere in it), each with the names it takes."""
+def _imports(path: Path, modules: dict[str, Path], package: str = "runners") -> list[tuple[str, list[str]]]:
+    """The ``package`` modules ``path`` imports (anywhere in it), each with the names it takes."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            found += [(a.name, []) for a in node.names if a.name.startswith("runners")]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("runners"):
+            found += [(a.name, []) for a in node.names if a.name.startswith(package)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
             for a in node.names:  # ``from runners.tracking import store``: the module store
                 sub = f"{node.module}.{a.name}"
                 found.append((sub, []) if sub in modules else (node.module, [a.name]))
     return found
 
 
-def _graph(root: Path = ROOT) -> dict[str, set[str]]:
-    modules = _modules(root)
-    return {name: {m for m, _ in _imports(path, modules) if m in modules} - {name} for name, path in modules.items()}
+def _graph(root: Path = ROOT, package: str = "runners") -> dict[str, set[str]]:
+    modules = _modules(root, (package,))
+    return {
+        name: {m for m, _ in _imports(path, modules, package) if m in modules} - {name}
+        for name, path in modules.items()
+    }
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -97,6 +100,74 @@ def test_each_concern_imports_nothing_from_the_concerns_above_it():
         if used.startswith(above)
     ]
     assert not wrong, wrong
+
+
+# scalefit's rooms, lowest first: a module imports its own room and the rooms below it, never one above
+# or beside it (a module of scalefit in no room fails: place it)
+SCALEFIT_FLOORS = (
+    # shared by every room: the standard library and numpy only (errors, defaults, reasons as data, the margin ladder)
+    ("scalefit.errors", "scalefit.defaults", "scalefit.reasons", "scalefit.ladder"),
+    ("scalefit.models",),  # curve forms, their fits, the registry by name
+    ("scalefit.data",),  # curves read, results written, unstable runs, synthetic curves
+    ("scalefit.forecasts",),  # bands, backtests, verdicts, calls
+    ("scalefit.decide",),  # comparisons, early stops, calls from the data alone
+    ("scalefit.sizes",),  # across model size
+    ("scalefit.cli",),  # the command line
+    ("scalefit.__main__",),  # `python -m scalefit`
+    ("scalefit",),  # the public API: its __init__ re-exports the rooms' names
+)
+
+
+def _room(module: str) -> tuple[int, str] | None:
+    """(floor, room) of a scalefit module: the room that is its longest dotted prefix (the package's
+    own ``__init__``, ``scalefit``, is a room of that module alone)."""
+    rooms = [(floor, room) for floor, names in enumerate(SCALEFIT_FLOORS) for room in names]
+    found = [(f, r) for f, r in rooms if module == r or ("." in r and module.startswith(r + "."))]
+    return max(found, key=lambda fr: len(fr[1])) if found else None
+
+
+def _upward_arrows(root: Path = ROOT) -> list[str]:
+    """Every import of a scalefit module (inside functions included) that points to a room above its
+    own or beside it, and every module in no room."""
+    wrong = []
+    for name, used in sorted(_graph(root, "scalefit").items()):
+        here = _room(name)
+        if here is None:
+            wrong.append(f"{name} is in no room of SCALEFIT_FLOORS")
+            continue
+        for other in sorted(used):
+            there = _room(other)
+            if there is not None and there[1] != here[1] and there[0] >= here[0]:
+                wrong.append(f"{name} imports {other}, a room {'beside' if there[0] == here[0] else 'above'} its own")
+    return wrong
+
+
+def test_no_module_of_scalefit_lies_on_an_import_cycle():
+    assert not _cycles(_graph(ROOT, "scalefit")), _cycles(_graph(ROOT, "scalefit"))
+
+
+def test_each_room_of_scalefit_imports_only_itself_and_the_rooms_below_it():
+    """models <- data <- forecasts <- decide <- sizes <- cli (issue 61): no arrow points up."""
+    assert not _upward_arrows(), _upward_arrows()
+
+
+def test_the_room_check_finds_an_upward_arrow_and_a_cycle(tmp_path):
+    """The checks themselves, on planted code: a model importing a forecast inside a function is an
+    arrow upwards, and with the forecast importing it back, a cycle; a module in no room is named."""
+    for room in ("models", "forecasts"):
+        (tmp_path / "scalefit" / room).mkdir(parents=True)
+        (tmp_path / "scalefit" / room / "__init__.py").write_text("")
+    (tmp_path / "scalefit" / "__init__.py").write_text("")
+    (tmp_path / "scalefit" / "models" / "curve.py").write_text("def f():\n    from scalefit.forecasts import band\n")
+    (tmp_path / "scalefit" / "forecasts" / "band.py").write_text("import scalefit.models.curve\n")
+    (tmp_path / "scalefit" / "loose.py").write_text("")
+    assert _upward_arrows(tmp_path) == [
+        "scalefit.loose is in no room of SCALEFIT_FLOORS",
+        "scalefit.models.curve imports scalefit.forecasts.band, a room above its own",
+    ]
+    assert _cycles(_graph(tmp_path, "scalefit")) == [
+        ["scalefit.forecasts.band", "scalefit.models.curve", "scalefit.forecasts.band"]
+    ]
 
 
 PACKAGES = ("runners", "scalefit", "analysis", "tests")  # the project's own modules

@@ -12,13 +12,13 @@ from analysis.planner import plan, resolvable, seeds_per_arm
 from runners.campaign.spec import CampaignError, fit_settings
 from runners.contract import MEAN_AT_16
 from scalefit import fit_sigmoid, forecast
-from scalefit.curve import sigmoid
+from scalefit.data.synthetic import campaign_runs
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import campaign_bootstrap, forecast_campaign
-from scalefit.prediction import MIN_BACKTESTS, Backtest, call_difference, score_backtest
-from scalefit.seeds import deviation_pool
-from scalefit.synthetic import campaign_runs
+from scalefit.forecasts.interface import MIN_BACKTESTS, Backtest, call_difference, score_backtest
+from scalefit.forecasts.pooled import campaign_bootstrap, forecast_campaign
+from scalefit.forecasts.pooled_fit import fit_campaign
+from scalefit.forecasts.seeds import deviation_pool
+from scalefit.models.curve import sigmoid
 
 A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)
 
@@ -151,7 +151,7 @@ def test_the_seeds_noise_past_the_data_grows_at_least_as_a_random_walk():
 def test_the_shape_error_is_additive_and_can_narrow_the_fit_but_never_the_seeds():
     """calibrate: backtests that missed by more than they claimed add a shape error; ones that landed
     closer take variance from the fit's spread (not below zero), never from the seeds' noise."""
-    from scalefit.prediction import SHAPE_PRIOR_SD, SHAPE_PRIOR_WEIGHT, Calibration, calibrate
+    from scalefit.forecasts.interface import SHAPE_PRIOR_SD, SHAPE_PRIOR_WEIGHT, Calibration, calibrate
 
     def bts(err: float, sd: float, n: int = 40) -> list[Backtest]:
         return [Backtest(1000.0, 2000.0, 0.5 + err * (-1) ** i, 0.5, sd, 2.0, 2) for i in range(n)]

@@ -17,13 +17,13 @@ import pytest
 from analysis.summary import summary
 from runners.campaign.spec import fit_settings
 from scalefit.errors import FitError
-from scalefit.fit import fit_sigmoid
+from scalefit.models.sigmoid import fit_sigmoid
 from scalefit.ladder import against, against_margin
-from scalefit.pooled_forecast import forecast_variants
-from scalefit.prediction import call_difference
+from scalefit.forecasts.pooled import forecast_variants
+from scalefit.forecasts.interface import call_difference
 from scalefit.reasons import KINDS, Reason
-from scalefit.slower_or_lower import LATER_FACTOR, Separation
-from scalefit.synthetic import campaign_runs
+from scalefit.forecasts.slower_or_lower import LATER_FACTOR, Separation
+from scalefit.data.synthetic import campaign_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUTH = {"baseline": (3000, 1.9, 0.70), "slower": (6000, 1.9, 0.70)}

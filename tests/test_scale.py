@@ -194,7 +194,7 @@ def test_analysis_fit_of_a_scale_campaign_forecasts_its_largest_size_from_the_ot
     the per-size table, then sizes.csv with each size's parameter count, the forecast of the largest with
     the backtest (sizes.md) and the plot (sizes.png)."""
     from analysis.cli import main
-    from scalefit.synthetic import size_runs
+    from scalefit.data.synthetic import size_runs
 
     names = list(load_campaign("scale-gpu").sizes)[::-1]
     df = size_runs(

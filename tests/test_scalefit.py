@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from scalefit import FitError, bootstrap, compare_fits, fit_power_law, fit_sigmoid, seed_spread, sigmoid
-from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID
-from scalefit.synthetic import TABLE1, synthetic_curve, table1_frame
+from scalefit.data.synthetic import TABLE1, synthetic_curve, table1_frame
+from scalefit.models.grids import PAPER_A_GRID, PAPER_CMID_GRID
 from tests.conftest import run_in_process
 from tests.naive_fit import naive_fit
 
@@ -282,7 +282,7 @@ def test_cli_fits_and_compares_with_the_model_it_is_given(tmp_path):
     """`--model` picks any fit model by its campaign name (default the sigmoid): the summary and the
     JSON name it, the parameters, bands and verdict are that model's (App. A.7: the power law's A
     overshoots a saturating run), and a name or a setting the model lacks is refused in one line."""
-    from scalefit.models import MODELS
+    from scalefit.models.registry import MODELS
 
     c, v = synthetic_curve(11272, 1.89, 0.645, c_max=50_000.0, seed=4)
     csv = tmp_path / "run.csv"
@@ -364,7 +364,7 @@ def test_cli_compare_says_cannot_decide_at_the_grid_edge(tmp_path):
 
 
 def test_chunked_grid_gives_the_same_fit_with_bounded_memory(monkeypatch):
-    import scalefit.fit as fit_module
+    import scalefit.models.sigmoid as fit_module
 
     c, v = synthetic_curve(2542, 1.92, 0.61, c_max=16_000.0, n_points=400, seed=3)
     whole = fit_sigmoid(c, v, exclude_below=1500, cmid_grid=PAPER_CMID_GRID)
@@ -420,7 +420,7 @@ def test_fit_of_several_curves_reports_each_and_fails_only_the_bad_one(tmp_path)
 def test_plot_draws_a_fit_on_a_grid_edge_as_points_only(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from scalefit.plot import plot_fits
+    from scalefit.forecasts.plot import plot_fits
 
     c, v = synthetic_curve(2542, 1.92, 0.95, c_max=16_000.0, seed=1)
     with pytest.warns(UserWarning):
@@ -454,7 +454,7 @@ def test_b_never_leaves_its_range_and_a_fit_on_its_bound_says_so():
     unbounded curve_fit to 77.5, outside the range (0.001, 50) that the warning then quoted."""
     from pathlib import Path
 
-    from scalefit.fit import B_BOUNDS
+    from scalefit.models.sigmoid import B_BOUNDS
 
     curves = pd.read_csv(Path(__file__).resolve().parents[1] / "results/loo-gpu5/curves.csv")
     g = curves[curves["variant"] == "off_policy=ppo"]
@@ -492,8 +492,8 @@ def test_plot_draws_prediction_bands_only_for_forecasts_the_verdict_calls_predic
     import matplotlib.pyplot as plt
     from matplotlib.collections import PolyCollection
 
-    from scalefit.forecast import forecast
-    from scalefit.plot import plot_fits
+    from scalefit.forecasts.plot import plot_fits
+    from scalefit.forecasts.single import forecast
 
     fits = {
         "long": fit_sigmoid(*synthetic_curve(2542, 1.92, 0.61, c_max=40_000.0, n_points=60, seed=3)),
@@ -518,8 +518,8 @@ def test_a_refit_whose_optimum_sits_on_a_bound_reaches_it():
     the bound and stop short when its iterations run out (11% above the optimum's SSE, before)."""
     from scipy.optimize import least_squares
 
-    from scalefit.curve import sigmoid_residuals
-    from scalefit.lm import batched_lm
+    from scalefit.models.curve import sigmoid_residuals
+    from scalefit.models.lm import batched_lm
 
     rng = np.random.default_rng(1)
     c = np.geomspace(100, 20_000, 40)

@@ -16,13 +16,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scalefit import FitError, fit_sigmoid, forecast, prediction
+from scalefit import FitError, fit_sigmoid, forecast
 from scalefit.cli import read_curves
-from scalefit.synthetic import TABLE1, realistic_runs, synthetic_curve
+from scalefit.data.synthetic import TABLE1, realistic_runs, synthetic_curve
+from scalefit.forecasts import interface as prediction
 from tests.conftest import remount, tmpfs
 from tests.scale_cases import run_measured, seeds_csv
 
-fc_mod = importlib.import_module("scalefit.forecast")  # the module; ``scalefit.forecast`` is the function
+fc_mod = importlib.import_module("scalefit.forecasts.single")  # the module; ``scalefit.forecast`` is the function
 TARGET = 1536 * 2**20  # any fit and forecast of up to 200k points under 1.5 GB of resident memory
 
 

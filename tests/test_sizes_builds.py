@@ -14,9 +14,9 @@ import pandas as pd
 import pytest
 
 from scalefit.cli import main
+from scalefit.data.synthetic import size_runs
 from scalefit.sizes import fit_size, forecast_size, read_sizes, size_data
 from scalefit.sizes.builds import SEPARATE_AT, SIGMA_BUILD_A, build_sd_of_a, builds_needed
-from scalefit.synthetic import size_runs
 from tests.scale_cases import size_curves
 
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}

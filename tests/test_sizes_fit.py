@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from scalefit.cli import main
-from scalefit.curve import sigmoid
+from scalefit.data.synthetic import size_runs
 from scalefit.errors import FitError
+from scalefit.models.curve import sigmoid
 from scalefit.sizes import backtest_sizes, choose_forms, fit_size, forecast_size, size_data
-from scalefit.synthetic import size_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
@@ -200,7 +200,7 @@ def test_a_size_forecast_is_read_as_any_forecast_is_and_is_complete_when_built()
     same way: the verdict a ``Verdict``, the band, the draws, A's interval and the record; nothing is filled in
     after it is built."""
     from scalefit import fit_and_forecast
-    from scalefit.prediction import CurveForecast, Verdict
+    from scalefit.forecasts.interface import CurveForecast, Verdict
 
     data = as_data(runs())
     own = data["e"]

@@ -1,4 +1,4 @@
-"""Slower or lower (scalefit.slower_or_lower): the knee read from the data, and a variant's
+"""Slower or lower (scalefit.forecasts.slower_or_lower): the knee read from the data, and a variant's
 difference split into its ceiling and its efficiency, on synthetic campaigns whose truth is known."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scalefit.curve import sigmoid
-from scalefit.fit import fit_sigmoid
-from scalefit.pooled_forecast import fit_and_forecast_campaign
-from scalefit.slower_or_lower import knee_from_data, separate, separating_compute
-from scalefit.synthetic import campaign_runs
+from scalefit.data.synthetic import campaign_runs
+from scalefit.forecasts.pooled import fit_and_forecast_campaign
+from scalefit.forecasts.slower_or_lower import knee_from_data, separate, separating_compute
+from scalefit.models.curve import sigmoid
+from scalefit.models.sigmoid import fit_sigmoid
 
 CM = 3000.0
 
@@ -137,9 +137,9 @@ def test_a_half_budget_call_on_a_slower_variant_says_slower_or_lower_and_what_co
     lower ceiling or a later knee: the call is "slower or lower: cannot tell yet", with the reading
     (slower, ceiling not yet told) and the compute at which the two part. A variant whose ceiling
     is lower is still called worse, read as lower."""
-    from scalefit.pooled import fit_campaign
-    from scalefit.pooled_forecast import forecast_campaign
-    from scalefit.prediction import call_difference
+    from scalefit.forecasts.interface import call_difference
+    from scalefit.forecasts.pooled import forecast_campaign
+    from scalefit.forecasts.pooled_fit import fit_campaign
 
     truth = {
         "baseline": (CM, 1.8, 0.75),
@@ -176,7 +176,7 @@ def test_a_forecast_still_steepening_is_not_predictable_and_backs_no_call():
 
     from analysis.loo import campaign_model
     from runners.campaign.load import load_campaign
-    from scalefit.prediction import call_difference, past_knee
+    from scalefit.forecasts.interface import call_difference, past_knee
 
     root = Path(__file__).resolve().parents[1]
     settings = load_campaign(root / "experiments" / "campaigns" / "loo-gpu6.yaml").fit
@@ -254,9 +254,9 @@ def test_a_variant_behind_is_never_framed_faster_or_higher():
     """loo-gpu's off_policy=ppo at half the budget: Δ -0.116, its ceiling far lower (ΔA -0.42) but
     open at the grid's edge, its fitted knee earlier (efficiency "faster"). Behind at the budget, it
     is not "faster or higher"; a slower variant behind is "slower or lower"."""
-    from scalefit import prediction
-    from scalefit.prediction import Call
-    from scalefit.slower_or_lower import Separation
+    from scalefit.forecasts import interface as prediction
+    from scalefit.forecasts.interface import Call
+    from scalefit.forecasts.slower_or_lower import Separation
 
     def reading(later: float) -> Separation:
         span = (later / 2, later * 2)
@@ -301,7 +301,7 @@ def test_a_rate_cut_read_before_its_knee_is_not_read_as_a_lower_ceiling(loo_gpu7
     rising faster, its full fit's A 0.92. Its ceiling is not told; the call may stand only over the
     whole range its open ceiling allows (up to 0.679 at the budget with A = 1), and its interval
     holds that range. length=penalty, past its knee, is still called better."""
-    from scalefit.prediction import call_difference, past_knee
+    from scalefit.forecasts.interface import call_difference, past_knee
 
     half, settings = loo_gpu7_half
     base, quarter = half.forecasts["baseline"], half.forecasts["control=lr_quarter"]
@@ -319,9 +319,9 @@ def test_a_rate_cut_read_before_its_knee_is_not_read_as_a_lower_ceiling(loo_gpu7
 def test_a_ceiling_the_data_have_not_bent_towards_decides_no_asymptote_verdict():
     """The paper's rule compares asymptotes; one fitted to a curve still steepening over its last
     doubling is the sigmoid's guess, and the verdict says it cannot decide, naming the knee test."""
-    from scalefit.compare import compare_fits
-    from scalefit.fit import fit_sigmoid
-    from scalefit.forecast import forecast
+    from scalefit.decide.compare import compare_fits
+    from scalefit.forecasts.single import forecast
+    from scalefit.models.sigmoid import fit_sigmoid
 
     truth = {"baseline": (CM, 1.8, 0.75), "steepening": (8 * CM, 1.8, 0.75)}
     df = campaign_runs(truth, seeds=4, seed=4, c_max=6 * CM, n_points=31, n_prompts=1000)
@@ -346,9 +346,9 @@ def test_a_forecast_counts_its_plateau_s_gain_from_r0_not_from_its_first_evaluat
     counted the gain from its first evaluation: a curve that had risen before it (the default CPU
     campaign's, 0.69 -> 0.83 in its first 30 of 200 steps) then crept on had a small "gain" and never
     read as a plateau, and its asymptote verdict said it could not decide. The gain counts from R0."""
-    from scalefit.fit import fit_sigmoid
-    from scalefit.forecast import forecast
-    from scalefit.prediction import knee, past_knee
+    from scalefit.forecasts.interface import knee, past_knee
+    from scalefit.forecasts.single import forecast
+    from scalefit.models.sigmoid import fit_sigmoid
 
     c, y, runs = _curve(c_max=100 * CM)  # every fitted point on the plateau, R0 0.3 measured at zero compute
     c, y, runs = np.r_[np.zeros(4), c], np.r_[np.full(4, 0.3), y], np.r_[np.arange(4), runs]

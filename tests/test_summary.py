@@ -141,7 +141,7 @@ def test_an_interval_reaches_its_estimate_by_widening_never_by_moving():
     """Resamples centred off the estimate (the joint fit's prior applied twice) give an interval that
     reaches the estimate and keeps the resamples' own end: a difference whose resamples hold 0 stays
     undecided however far the estimate sits from them, and one they exclude stays decided."""
-    from scalefit.uncertainty import interval_holding
+    from scalefit.forecasts.uncertainty import interval_holding
 
     draws = np.random.default_rng(0).normal(0.03, 0.01, 4000)  # 90%: about [+0.014, +0.046]
     lo, hi = interval_holding(draws, -0.010, 0.9)

@@ -1,4 +1,4 @@
-"""Unstable runs (scalefit.unstable): one collapsed seed is flagged, named in the LOO table, the
+"""Unstable runs (scalefit.data.unstable): one collapsed seed is flagged, named in the LOO table, the
 summary and its MLflow run, and kept out of the seed noise, the fit and the target it is scored on,
 so the campaign's verdicts and calls are those it gives without it; a seed that only spreads (up,
 or one moderate dip) is never flagged."""
@@ -14,11 +14,11 @@ import pytest
 
 from runners.campaign.spec import fit_settings
 from runners.contract import MEAN_AT_16
-from scalefit import unstable
-from scalefit.pooled import fit_campaign
-from scalefit.pooled_forecast import forecast_campaign
-from scalefit.prediction import call_difference
-from scalefit.synthetic import campaign_runs
+from scalefit.data import unstable
+from scalefit.data.synthetic import campaign_runs
+from scalefit.forecasts.interface import call_difference
+from scalefit.forecasts.pooled import forecast_campaign
+from scalefit.forecasts.pooled_fit import fit_campaign
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 A_GRID = np.round(np.arange(0.05, 1.0, 0.005), 3)

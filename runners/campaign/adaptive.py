@@ -5,8 +5,8 @@ A campaign's ``adaptive: {at: [0.25, 0.5], margin: 0.02, risk: 0.05}`` turns it 
 point, a variant is decided once every run of it and of the baseline has reached that point.
 The fit follows the campaign's ``fit.pooling``:
 
-- ``partial`` (the default, as ``analysis fit``): the joint model of ``scalefit.pooled`` /
-  ``scalefit.pooled_forecast`` over every variant (baseline included) whose runs have all reached
+- ``partial`` (the default, as ``analysis fit``): the joint model of ``scalefit.forecasts.pooled_fit`` /
+  ``scalefit.forecasts.pooled`` over every variant (baseline included) whose runs have all reached
   the point, each on its points up to that fraction of its own budget and forecast to its full
   budget (B partially pooled, R0 shared, seeds the unit of uncertainty). The variants decided at
   one point with the same variants reached share one joint fit. A variant the joint fit leaves
@@ -41,9 +41,9 @@ from runners.campaign.spec import Adaptive, X
 from runners.contract import MEAN_AT_16, STOP_FILE
 from runners.tracking import store
 from scalefit import FitError, StopDecision, decide_stop, fit_and_forecast
-from scalefit.decide import error_name
-from scalefit.pooled_forecast import fit_and_forecast_campaign
-from scalefit.settings import FitSettings
+from scalefit.decide.stop import error_name
+from scalefit.forecasts.pooled import fit_and_forecast_campaign
+from scalefit.forecasts.settings import FitSettings
 
 PER_VARIANT = "pooling none: each variant fitted on its own"  # as the LOO table's fit_model column says
 

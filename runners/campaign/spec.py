@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from runners.contract import COMPUTE_METRICS
 from runners.recipe import Recipe
 from scalefit.errors import FitError
-from scalefit.settings import FitSettings
+from scalefit.forecasts.settings import FitSettings
 
 CAMPAIGNS_DIR = Path(__file__).resolve().parents[2] / "experiments" / "campaigns"
 
@@ -29,7 +29,7 @@ X = "compute/samples"  # adaptive decisions compare budgets in completions gener
 
 
 def fit_settings(fit: dict[str, Any] | FitSettings | None) -> FitSettings:
-    """A campaign's ``fit:`` section (``scalefit.settings.FitSettings``), checked when the campaign is
+    """A campaign's ``fit:`` section (``scalefit.forecasts.settings.FitSettings``), checked when the campaign is
     loaded (before any run starts, not when the fit finally reads it) against the compute axes runs
     log: one line naming the key and the fix."""
     try:

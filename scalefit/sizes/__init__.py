@@ -9,7 +9,7 @@ one concern a module, every import pointing down this list:
 - ``builds``: the between-build spread of A and the size trend stated with it (issue 62);
 - ``laws``: A, log C_mid, log B (and R0) as functions of the parameter count, their forms chosen by
   leave-one-size-out error, and draws of a new size's parameters from them;
-- ``forecast``: ``SizeForecast``, a ``scalefit.prediction.CurveForecast`` as every forecast is (bands,
+- ``forecast``: ``SizeForecast``, a ``scalefit.forecasts.interface.CurveForecast`` as every forecast is (bands,
   intervals, ``Verdict``, record), complete when built;
 - ``backtest``: each fitted size forecast from the others, and the coverage;
 - ``report``: the forecast in words and as a plot;

@@ -8,8 +8,8 @@ import functools
 import sys
 import time
 
+from scalefit.data.outputs import check_writable, write_json
 from scalefit.errors import FitError
-from scalefit.outputs import check_writable, write_json
 from scalefit.sizes.backtest import backtest_sizes
 from scalefit.sizes.data import read_sizes
 from scalefit.sizes.fits import A_GRID, fit_size

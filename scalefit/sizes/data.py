@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalefit.curves_csv import read_curves
+from scalefit.data.curves_csv import read_curves
 from scalefit.errors import FitError
 
 

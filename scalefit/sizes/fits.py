@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from scalefit.curve import sigmoid
 from scalefit.errors import FitError
-from scalefit.fit import fit_sigmoid
-from scalefit.grids import parse_grid
+from scalefit.models.curve import sigmoid
+from scalefit.models.grids import parse_grid
+from scalefit.models.sigmoid import fit_sigmoid
 from scalefit.sizes.data import SizeData
 
 A_GRID = "0.05:1.0:0.01"

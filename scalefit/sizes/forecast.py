@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from scalefit.curve import sigmoid
 from scalefit.errors import FitError
-from scalefit.prediction import CurveForecast, Verdict
+from scalefit.forecasts.interface import CurveForecast, Verdict
+from scalefit.models.curve import sigmoid
 from scalefit.reasons import Reason
 from scalefit.sizes.builds import build_sd_of_a, size_trend
 from scalefit.sizes.data import SizeData

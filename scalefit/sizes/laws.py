@@ -13,8 +13,8 @@ from itertools import product
 
 import numpy as np
 
-from scalefit.curve import sigmoid
 from scalefit.errors import FitError
+from scalefit.models.curve import sigmoid
 from scalefit.sizes.data import SizeData
 from scalefit.sizes.fits import SizeFit, least_squares_sigmoid, pooled_spread, refit
 

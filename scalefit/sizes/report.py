@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scalefit.curve import sigmoid
+from scalefit.models.curve import sigmoid
 from scalefit.sizes.builds import builds_lines, trend_lines
 from scalefit.sizes.data import SizeData
 from scalefit.sizes.forecast import SizeForecast

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from scalefit.forecasts.uncertainty import central_percentiles, interval_holding
 from scalefit.ladder import against
-from scalefit.uncertainty import central_percentiles, interval_holding
 
 KNEE_Z = 1.0  # decelerating by this many standard errors counts as past the knee
 KNEE_WINDOW = float(np.log(2.0))  # the knee test's windows in log C: at most one doubling of compute each

@@ -1,7 +1,7 @@
 """Bands, backtests, verdicts and calls from a campaign's joint fit, seeds the unit of uncertainty.
 
 ``forecast_campaign(cfit)`` gives one ``PooledForecast`` per fitted variant (a
-``scalefit.prediction.Forecast``, so comparisons, calls, plots and stop decisions read it as they
+``scalefit.forecasts.interface.Forecast``, so comparisons, calls, plots and stop decisions read it as they
 read a single fit's); ``forecast_variants(curves, settings)`` fits and forecasts a campaign jointly
 or one variant at a time, as its settings say, into one ``CampaignForecast``:
 
@@ -43,22 +43,8 @@ import numpy as np
 from scipy.interpolate import CubicSpline
 from scipy.stats import norm
 
-from scalefit.curve import sigmoid_residuals
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, KNEE_SHARE, SigmoidFit, chunks
-from scalefit.forecast import eval_sd, fit_and_forecast, forecast, run_series
-from scalefit.lm import batched_lm
-from scalefit.pooled import (
-    LOGB_GRID,
-    TAU_GRID,
-    CampaignFit,
-    collapse_reason,
-    fine_grid,
-    fit_campaign,
-    normal_kernel,
-    variant_mean,
-)
-from scalefit.prediction import (
+from scalefit.forecasts.interface import (
     DEFAULT_RATIO,
     MIN_BACKTESTS,
     STRUCTURE_Z,
@@ -71,10 +57,24 @@ from scalefit.prediction import (
     score_backtest,
     spread_out,
 )
+from scalefit.forecasts.pooled_fit import (
+    LOGB_GRID,
+    TAU_GRID,
+    CampaignFit,
+    collapse_reason,
+    fine_grid,
+    fit_campaign,
+    normal_kernel,
+    variant_mean,
+)
+from scalefit.forecasts.seeds import DeviationPool, deviation_pool
+from scalefit.forecasts.settings import FitSettings
+from scalefit.forecasts.single import eval_sd, fit_and_forecast, forecast, run_series
+from scalefit.forecasts.uncertainty import central_percentiles, interval_holding
+from scalefit.models.curve import sigmoid_residuals
+from scalefit.models.lm import batched_lm
+from scalefit.models.sigmoid import B_BOUNDS, KNEE_SHARE, SigmoidFit, chunks
 from scalefit.reasons import Reason
-from scalefit.seeds import DeviationPool, deviation_pool
-from scalefit.settings import FitSettings
-from scalefit.uncertainty import central_percentiles, interval_holding
 
 TAIL = 1.0 / 3.0  # the structure check looks at the last third of the fitted range
 RESAMPLE_GRID = 15

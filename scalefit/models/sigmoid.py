@@ -23,12 +23,12 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import expit
 
-from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.errors import FitError
-from scalefit.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
-from scalefit.lm import batched_lm
-from scalefit.model import CurveFit, CurveModel
-from scalefit.parameters import CEILING, EFFICIENCY, START, Parameter, Parameters
+from scalefit.models.base import CurveFit, CurveModel
+from scalefit.models.curve import sigmoid, sigmoid_residuals
+from scalefit.models.grids import PAPER_A_GRID, PAPER_CMID_GRID, auto_cmid_grid
+from scalefit.models.lm import batched_lm
+from scalefit.models.parameters import CEILING, EFFICIENCY, START, Parameter, Parameters
 from scalefit.reasons import Reason
 
 B_BOUNDS = (1e-3, 50.0)

@@ -16,12 +16,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from scalefit.curve import power_law
 from scalefit.errors import FitError
-from scalefit.fit import MIN_POINTS, check_curve, fit_window, run_labels
-from scalefit.lm import batched_lm
-from scalefit.model import CurveFit, CurveModel
-from scalefit.parameters import ASYMPTOTE, EFFICIENCY, Parameter, Parameters
+from scalefit.models.base import CurveFit, CurveModel
+from scalefit.models.curve import power_law
+from scalefit.models.lm import batched_lm
+from scalefit.models.parameters import ASYMPTOTE, EFFICIENCY, Parameter, Parameters
+from scalefit.models.sigmoid import MIN_POINTS, check_curve, fit_window, run_labels
 from scalefit.reasons import Reason
 
 POWER_LAW_A_GRID = np.round(np.arange(0.450, 1.0 + 1e-9, 0.005), 3)

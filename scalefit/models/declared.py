@@ -1,8 +1,8 @@
 """A fit model made of its declaration and its curve alone (``LeastSquaresModel``), the base of a
-new model: it declares ``parameters`` (``scalefit.parameters``) and a vectorised ``curve``, and gets
+new model: it declares ``parameters`` (``scalefit.models.parameters``) and a vectorised ``curve``, and gets
 the fit, the batched refits of the bootstrap, ``fix`` and the identification checks from here.
 
-The fit: least squares by batched Levenberg–Marquardt (``scalefit.parameters.fit_declared``) inside
+The fit: least squares by batched Levenberg–Marquardt (``scalefit.models.parameters.fit_declared``) inside
 the declared bounds, started from the declared start values (``guess`` may scale them to the
 data) with the ceiling at ``N_CEILING_STARTS`` values across its range, the lowest SSE kept. A
 varying parameter that ends on a bound of its range is not identified.
@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scalefit.errors import FitError
-from scalefit.fit import MIN_POINTS, check_curve, fit_window, run_labels
-from scalefit.model import CurveFit, CurveModel
-from scalefit.parameters import START, Curve, Parameters, fit_declared
+from scalefit.models.base import CurveFit, CurveModel
+from scalefit.models.parameters import START, Curve, Parameters, fit_declared
+from scalefit.models.sigmoid import MIN_POINTS, check_curve, fit_window, run_labels
 from scalefit.reasons import Reason
 
 N_CEILING_STARTS = 8

@@ -1,4 +1,4 @@
-"""Honest predictions of one curve fitted alone (``SingleForecast``, a ``scalefit.prediction.Forecast``):
+"""Honest predictions of one curve fitted alone (``SingleForecast``, a ``scalefit.forecasts.interface.Forecast``):
 a confidence band, a calibrated prediction band, backtests and a verdict.
 
 ``forecast(fit)`` answers "where will an evaluation at compute C land, and can I trust that?":
@@ -40,10 +40,7 @@ import numpy as np
 
 from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.fit import KNEE_SHARE, MIN_POINTS, chunks
-from scalefit.model import CurveFit
-from scalefit.models import make_model
-from scalefit.prediction import (
+from scalefit.forecasts.interface import (
     DEFAULT_RATIO,
     MIN_BACKTESTS,
     PREDICTION_DRAWS,
@@ -57,9 +54,12 @@ from scalefit.prediction import (
     error_trend,
     score_backtest,
 )
+from scalefit.forecasts.settings import FitSettings
+from scalefit.forecasts.uncertainty import central_percentiles
+from scalefit.models.base import CurveFit
+from scalefit.models.registry import make_model
+from scalefit.models.sigmoid import KNEE_SHARE, MIN_POINTS, chunks
 from scalefit.reasons import Reason
-from scalefit.settings import FitSettings
-from scalefit.uncertainty import central_percentiles
 
 PHI_MAX = 0.95
 __all__ = [

@@ -1,6 +1,6 @@
 """Uncertainty of the sigmoid: bootstrap over points, and the spread of A across seeds (paper's ±0.02).
 
-Both are the sigmoid's own diagnostics (its A, B, C_mid); ``scalefit.forecast`` gives bands for any
+Both are the sigmoid's own diagnostics (its A, B, C_mid); ``scalefit.forecasts.single`` gives bands for any
 curve model."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from scalefit.curve import sigmoid, sigmoid_residuals
 from scalefit.defaults import DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, SigmoidFit
-from scalefit.lm import batched_lm
-from scalefit.model import CurveFit
-from scalefit.models import make_model
+from scalefit.models.base import CurveFit
+from scalefit.models.curve import sigmoid, sigmoid_residuals
+from scalefit.models.lm import batched_lm
+from scalefit.models.registry import make_model
+from scalefit.models.sigmoid import B_BOUNDS, SigmoidFit
 
 PARAMS = ("A", "B", "C_mid")
 

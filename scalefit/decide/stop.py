@@ -22,8 +22,8 @@ import numpy as np
 from scipy.special import ndtri  # the normal quantile (scipy.stats.norm.ppf), without scipy.stats
 
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.prediction import Forecast
-from scalefit.uncertainty import central_percentiles
+from scalefit.forecasts.interface import Forecast
+from scalefit.forecasts.uncertainty import central_percentiles
 
 
 @dataclass

@@ -6,7 +6,7 @@ curve — evaluation noise, drift and seed offset together, their correlation ov
 whole. A campaign's series form one pool (the assumption a t test pooling the seeds' variance
 makes). Without several seeds anywhere, each run's residual series from its fitted curve stands in.
 The pool draws whole series for a bootstrap and fits how the variance grows along the run.
-An evaluation where one seed collapses below its siblings (``scalefit.unstable``: downward only,
+An evaluation where one seed collapses below its siblings (``scalefit.data.unstable``: downward only,
 on persistence or size) is left out of the pool (NaN in its series; its step's mean and deviations taken over
 the other seeds), so one collapsed run cannot set the whole campaign's noise.
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scalefit.data.unstable import flagged, typical_scale
 from scalefit.errors import FitError
-from scalefit.fit import SigmoidFit
-from scalefit.forecast import run_series
-from scalefit.unstable import flagged, typical_scale
+from scalefit.forecasts.single import run_series
+from scalefit.models.sigmoid import SigmoidFit
 
 P_GRID = np.linspace(0.0, 1.0, 401)
 TREND_FROM = 0.25  # the variance line is fitted over the last three quarters of the fitted range

@@ -1,7 +1,7 @@
 """The forecast interface: what every forecast answers, and what is written once for all of them.
 
-``Forecast`` is the base of every forecast: a variant fitted alone (``scalefit.forecast.SingleForecast``,
-any curve model) and a variant of a campaign's joint fit (``scalefit.pooled_forecast.PooledForecast``).
+``Forecast`` is the base of every forecast: a variant fitted alone (``scalefit.forecasts.single.SingleForecast``,
+any curve model) and a variant of a campaign's joint fit (``scalefit.forecasts.pooled.PooledForecast``).
 Comparisons, plots, stop decisions, adaptive campaigns and the LOO table read either through it and
 never ask which one they hold. Every forecast answers:
 
@@ -39,11 +39,11 @@ import numpy as np
 from scipy.special import ndtri
 
 from scalefit.defaults import DEFAULT_MARGIN
+from scalefit.forecasts.slower_or_lower import Knee, Separation, knee_from_data, separate
+from scalefit.forecasts.uncertainty import central_percentiles, interval_holding
 from scalefit.ladder import against_margin
-from scalefit.model import CurveFit
+from scalefit.models.base import CurveFit
 from scalefit.reasons import Reason
-from scalefit.slower_or_lower import Knee, Separation, knee_from_data, separate
-from scalefit.uncertainty import central_percentiles, interval_holding
 
 DEFAULT_RATIO = 2.0  # the paper's LOO practice: fit to 8k GPU-h, extrapolate to 16k
 # the sigmoid's shape error (sd) at 2x its data before any backtest: the tuning studies' (docs/benchmarks.md)
@@ -570,7 +570,7 @@ class Forecast(CurveForecast):
 @dataclass
 class CampaignForecast:
     """Every variant of a campaign fitted and forecast by one model, jointly or each alone: the
-    result every campaign fit gives (``scalefit.pooled_forecast.forecast_variants``), as lmfit's
+    result every campaign fit gives (``scalefit.forecasts.pooled.forecast_variants``), as lmfit's
     ``ModelResult`` is every model's."""
 
     fits: dict[str, CurveFit]
@@ -589,7 +589,7 @@ class Call:
     lo: float
     hi: float
     reason: str = ""
-    reading: Separation | None = None  # ceiling or efficiency (``scalefit.slower_or_lower``; sigmoids only)
+    reading: Separation | None = None  # ceiling or efficiency (``scalefit.forecasts.slower_or_lower``; sigmoids only)
     reasons: tuple[Reason, ...] = ()  # as data, where the call was not made for want of a fit to make it from
     unseparated: str = ""  # "slower or lower" / "faster or higher": what ``withhold`` left open (``UNSEPARATED``)
 
@@ -695,7 +695,7 @@ def knee_bounded(call: Call, variant: Forecast, baseline: Forecast, at: tuple[fl
 
 
 def reading(variant: Forecast, baseline: Forecast, at: tuple[float, float], margin: float) -> Separation | None:
-    """Ceiling against efficiency at ``at`` (``scalefit.slower_or_lower.separate``); None for a
+    """Ceiling against efficiency at ``at`` (``scalefit.forecasts.slower_or_lower.separate``); None for a
     curve with no band or no asymptote (a power law has no ceiling to read)."""
     pair = (variant, baseline)
     if any(fc.no_band or not fc.fit.has_asymptote for fc in pair):

@@ -30,7 +30,7 @@ def sigmoid_residuals(
     gain = a - r0
     ds = -gain * s * (1.0 - s)
     r = r0 + gain * s - y
-    jac = np.empty((len(wrt), *r.shape))  # one contiguous block per parameter (see scalefit.lm)
+    jac = np.empty((len(wrt), *r.shape))  # one contiguous block per parameter (see scalefit.models.lm)
     for k, col in enumerate(wrt):
         if col == 0:
             jac[k] = s

@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from scalefit.forecast import Forecast  # noqa: E402
-from scalefit.model import CurveFit  # noqa: E402
+from scalefit.forecasts.single import Forecast  # noqa: E402
+from scalefit.models.base import CurveFit  # noqa: E402
 
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")  # one a curve, so overlapping curves stay apart
 
@@ -39,7 +39,7 @@ def plot_fits(
     verdict in its label; a fit whose optimum sits on a grid edge as points only, and so is each
     curve in ``unfitted`` (name → compute, values: a curve with no fit at all, e.g. a flat one),
     so no measured curve is missing from the figure; ``flagged`` (compute, values: evaluations left
-    out of the fits as unstable, ``scalefit.unstable``) are drawn as red crosses; ``notes`` (name →
+    out of the fits as unstable, ``scalefit.data.unstable``) are drawn as red crosses; ``notes`` (name →
     a few words, e.g. its reading "slower, ceiling not yet told") end a curve's legend label. Compute
     is on a log scale, as in the paper.
     Each curve has its own colour and marker (curves that overlap stay apart), the legend sits

@@ -14,16 +14,16 @@ Two halves, in the spirit of scikit-learn estimators:
   and, for the correlated bootstrap, ``refit_batch(y_draws)`` (many simulated data sets refitted
   at once, the model's own vectorised implementation) and ``predict_batch(samples, compute)``.
 
-Every model declares its parameters (``parameters``, a ``scalefit.parameters.Parameters``: names,
+Every model declares its parameters (``parameters``, a ``scalefit.models.parameters.Parameters``: names,
 bounds, start values, which is the ceiling, which are efficiency parameters), and every fit gives
 them at its fitted values (``CurveFit.parameters``): comparisons, open ceilings, the knee test, the
 table and slower-or-lower read the roles there, never a model's parameter names.
 ``CurveModel.fix(name, value)`` is the model with one parameter held (a refit at a shared ceiling).
 
-The implementations: ``scalefit.fit.SigmoidModel`` (the ScaleRL sigmoid, the default),
-``scalefit.powerlaw.PowerLawModel`` (the paper's power-law comparison) and
-``scalefit.declared.LeastSquaresModel``, a model made of its declaration and its curve alone.
-``scalefit.models.make_model(name, ...)`` builds one by its campaign name (``fit.model``).
+The implementations: ``scalefit.models.sigmoid.SigmoidModel`` (the ScaleRL sigmoid, the default),
+``scalefit.models.powerlaw.PowerLawModel`` (the paper's power-law comparison) and
+``scalefit.models.declared.LeastSquaresModel``, a model made of its declaration and its curve alone.
+``scalefit.models.registry.make_model(name, ...)`` builds one by its campaign name (``fit.model``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from scalefit.errors import FitError
-from scalefit.parameters import Parameters
+from scalefit.models.parameters import Parameters
 from scalefit.reasons import Reason
 
 
@@ -205,7 +205,7 @@ class CurveModel:
     name: ClassVar[str] = ""
     param_names: ClassVar[tuple[str, ...]] = ()
     parameters: ClassVar[Parameters] = Parameters()  # the declaration: names, bounds, roles, start values
-    pools: ClassVar[bool] = False  # the campaign's joint fit (fit.pooling: partial, scalefit.pooled) takes it
+    pools: ClassVar[bool] = False  # the joint fit (fit.pooling: partial, scalefit.forecasts.pooled_fit) takes it
     exclude_below: float | None = None
     fit_upto: float | None = None
     result_: CurveFit

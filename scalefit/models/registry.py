@@ -1,8 +1,8 @@
 """The fit models by name (a campaign's ``fit.model``): the registry above the models themselves,
-so that ``model`` (the interface) imports no implementation.
+so that ``base`` (the interface) imports no implementation.
 
-The sigmoid and the power law are built in. A new model is a module ``scalefit/model_NAME.py`` whose
-class is decorated with ``@register``: every ``model_*`` module of the package is imported when the
+The sigmoid and the power law are built in. A new model is a module ``scalefit/models/model_NAME.py`` whose
+class is decorated with ``@register``: every ``model_*`` module of this package is imported when the
 registry is first read, so no central file names it.
 """
 
@@ -12,14 +12,14 @@ import importlib
 import pkgutil
 from typing import Any
 
-import scalefit
+import scalefit.models
 from scalefit.errors import FitError
-from scalefit.fit import SigmoidModel
-from scalefit.model import CurveModel
-from scalefit.powerlaw import PowerLawModel
+from scalefit.models.base import CurveModel
+from scalefit.models.powerlaw import PowerLawModel
+from scalefit.models.sigmoid import SigmoidModel
 
 MODELS: dict[str, type[CurveModel]] = {"sigmoid": SigmoidModel, "power_law": PowerLawModel}
-MODULE_PREFIX = "model_"  # modules of the scalefit package the registry loads
+MODULE_PREFIX = "model_"  # modules of the scalefit.models package the registry loads
 _scanned = False
 
 
@@ -41,9 +41,9 @@ def registered(rescan: bool = False) -> dict[str, type[CurveModel]]:
     """Every model by name, after importing each ``model_*`` module of the package once."""
     global _scanned
     if rescan or not _scanned:
-        for mod in pkgutil.iter_modules(scalefit.__path__):
+        for mod in pkgutil.iter_modules(scalefit.models.__path__):
             if mod.name.startswith(MODULE_PREFIX):
-                importlib.import_module(f"scalefit.{mod.name}")
+                importlib.import_module(f"scalefit.models.{mod.name}")
         _scanned = True
     return MODELS
 

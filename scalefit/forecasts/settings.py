@@ -18,8 +18,8 @@ import numpy as np
 
 from scalefit.defaults import DEFAULT_LEVEL, DEFAULT_MARGIN
 from scalefit.errors import FitError
-from scalefit.grids import parse_grid
-from scalefit.models import registered
+from scalefit.models.grids import parse_grid
+from scalefit.models.registry import registered
 
 POOLING = ("partial", "none")  # fit.pooling: the variants fitted jointly, or each on its own
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from scalefit.curve import sigmoid
+from scalefit.models.curve import sigmoid
 
 # run: (C_mid, B, A) — ScaleRL App. Table 1.
 TABLE1: dict[str, tuple[float, float, float]] = {

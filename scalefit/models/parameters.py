@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from scalefit.errors import FitError
-from scalefit.lm import batched_lm
+from scalefit.models.lm import batched_lm
 
 CEILING, ASYMPTOTE, EFFICIENCY, START, SHAPE = "ceiling", "asymptote", "efficiency", "start", "shape"
 ROLES = (CEILING, ASYMPTOTE, EFFICIENCY, START, SHAPE)

@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from scalefit.defaults import DEFAULT_MARGIN
-from scalefit.model import CurveFit
-from scalefit.prediction import Forecast
-from scalefit.uncertainty import interval_holding
+from scalefit.forecasts.interface import Forecast
+from scalefit.forecasts.uncertainty import interval_holding
+from scalefit.models.base import CurveFit
 
 
 @dataclass

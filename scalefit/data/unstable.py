@@ -21,7 +21,7 @@ The thresholds hold the false-flag rate of simulated healthy campaigns (each arm
 growing with compute; Gaussian and Student-t(3) noise) at or under 3% of studies
 (``tests/bench_unstable.py``, part of ``make bench-predict``): the heavy tails set them. A collapse
 is part of a recipe's behaviour: flags are reported (``Flag.text``, ``arm_counts``) and their
-evaluations are left out of the fit, of the seed-noise estimate (``scalefit.seeds``) and of the
+evaluations are left out of the fit, of the seed-noise estimate (``scalefit.forecasts.seeds``) and of the
 target a forecast is scored on alike; they stay in the curves.
 """
 

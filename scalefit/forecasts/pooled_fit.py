@@ -18,7 +18,7 @@ variant → (compute, value, runs) in, a ``CampaignFit`` out, whose ``fits`` are
   with the campaign's (|z| > ``OUTLIER_Z``) leaves the pool and is fitted alone, and says so.
 - ``pooling="none"`` is the per-variant fit of ``fit_sigmoid``, unchanged.
 
-``forecast_campaign`` (``scalefit.pooled_forecast``) turns the joint fit into bands, backtests and
+``forecast_campaign`` (``scalefit.forecasts.pooled``) turns the joint fit into bands, backtests and
 verdicts with seeds as the unit of uncertainty.
 """
 
@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from scalefit.curve import sigmoid_residuals
 from scalefit.errors import FitError
-from scalefit.fit import B_BOUNDS, SigmoidFit, b_on_bound, chunks, edge_warnings, fit_sigmoid
-from scalefit.forecast import noise_model, run_series
-from scalefit.lm import batched_lm
+from scalefit.forecasts.seeds import DeviationPool, deviation_pool
+from scalefit.forecasts.settings import POOLING
+from scalefit.forecasts.single import noise_model, run_series
+from scalefit.models.curve import sigmoid_residuals
+from scalefit.models.lm import batched_lm
+from scalefit.models.sigmoid import B_BOUNDS, SigmoidFit, b_on_bound, chunks, edge_warnings, fit_sigmoid
 from scalefit.reasons import Reason
-from scalefit.seeds import DeviationPool, deviation_pool
-from scalefit.settings import POOLING
 
 R0_TOLERANCE = 0.01  # zero-compute evaluations this close: one base model, one R0
 LOGB_GRID = np.linspace(np.log(0.05), np.log(B_BOUNDS[1]), 121)  # neighbours 5.9% apart; up to B's bound
