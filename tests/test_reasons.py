@@ -16,14 +16,14 @@ import pytest
 
 from analysis.summary import summary
 from runners.campaign.spec import fit_settings
-from scalefit.errors import FitError
-from scalefit.models.sigmoid import fit_sigmoid
-from scalefit.ladder import against, against_margin
-from scalefit.forecasts.pooled import forecast_variants
-from scalefit.forecasts.interface import call_difference
-from scalefit.reasons import KINDS, Reason
-from scalefit.forecasts.slower_or_lower import LATER_FACTOR, Separation
 from scalefit.data.synthetic import campaign_runs
+from scalefit.errors import FitError
+from scalefit.forecasts.interface import call_difference
+from scalefit.forecasts.pooled import forecast_variants
+from scalefit.forecasts.slower_or_lower import LATER_FACTOR, Separation
+from scalefit.ladder import against, against_margin
+from scalefit.models.sigmoid import fit_sigmoid
+from scalefit.reasons import KINDS, Reason
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUTH = {"baseline": (3000, 1.9, 0.70), "slower": (6000, 1.9, 0.70)}
@@ -112,5 +112,5 @@ def test_calls_and_the_slower_or_lower_reading_read_one_ladder():
         eff = {"below": "faster", "above": "slower", "within": "same", None: "cannot tell"}
         assert replace(sep, later_interval=later).efficiency == eff[against(*later, 1 / LATER_FACTOR, LATER_FACTOR)]
     assert replace(sep, ceiling_open=True).ceiling == "cannot tell"
-    source = (ROOT / "scalefit" / "slower_or_lower.py").read_text()
+    source = (ROOT / "scalefit" / "forecasts" / "slower_or_lower.py").read_text()
     assert "self.margin <= lo" not in source and "hi < -self.margin" not in source  # not written a second time
