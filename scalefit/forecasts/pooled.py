@@ -324,7 +324,7 @@ class PooledForecast(Forecast):
         draws = self.samples[:, self.fit.sample_names.index(param)]
         if param == "A":  # inside the grid the fit searched: an interval that reaches its edge says so
             draws = np.clip(draws, self.fit.a_grid.min(), self.fit.a_grid.max())
-        return interval_holding(draws, getattr(self.fit, param), self.level)
+        return interval_holding(draws, float(self.fit.parameters[param].value), self.level)
 
     def target_draws(self, computes, n_runs: int = 1, window: int | None = None) -> np.ndarray:
         """Draws of the mean of ``n_runs`` runs' evaluations averaged over ``computes`` (one compute: a
