@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 # MLflow (analysis.evidence, runners.tracking.store) is imported where a store is read: a fit from a
-# curves.csv (``write_fit``) needs none of it, and its import is a second of the fit's ~8 (make bench-analysis)
+# curves.csv (``write_fit``) needs none of it: ~1.5 s of CPU of that fit (make bench-analysis)
 
 __all__ = [
     "Model",
