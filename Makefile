@@ -40,7 +40,7 @@ endif
 UV      := uv==0.13.9
 
 .DEFAULT_GOAL := help
-.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-fsdp bench-predict bench-sizes bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
+.PHONY: help setup setup-full test chromium slurm lint fit-demo bench-fit bench-analysis bench-fsdp bench-predict bench-sizes bench-adaptive bench-runner bench-memory ablation fit lab ui plan train base-model wheels import report postgres tracking-server seeds
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ fit-demo: $(STAMP) ## fit bundled example curves (paper Table 1 + noise) → art
 
 bench-fit: $(STAMP) ## naive per-cell curve_fit vs the vectorised grid fit; forecast time; fit and forecast time and peak memory up to 200k points
 	$(BIN)/python -m tests.bench_fit
+
+bench-analysis: $(STAMP) ## time of `analysis fit` on a recorded campaign's curves.csv, median of 3 wall and CPU times (target <= 10 s) [CAMPAIGN=loo-gpu6]
+	$(BIN)/python -m tests.bench_analysis --campaign $(if $(filter-out loo-cpu,$(CAMPAIGN)),$(CAMPAIGN),loo-gpu6)
 
 bench-predict: $(STAMP) ## are predictions where observations land? synthetic (known truth) + results/*/curves.csv, baselines to beat, unstable flag → artifacts/bench-predict/
 	$(BIN)/python -m tests.bench_predict

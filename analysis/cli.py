@@ -19,7 +19,6 @@ def cmd_fit(args: argparse.Namespace) -> int:
     from analysis.outputs import written_whole
     from analysis.summary import summary
     from runners.campaign.load import expand, load_campaign
-    from runners.tracking.store import check_store, default_tracking_uri, existing_store
 
     camp = load_campaign(args.campaign)  # its fit: section parsed once, here (camp.fit, a FitSettings)
     complete = Path(f"artifacts/campaigns/{camp.name}/fit")
@@ -31,6 +30,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             table = write_fit(curves, stage, camp.fit, title=camp.name)
             sizes = _write_sizes(camp, curves, stage, out)
     else:
+        # MLflow, imported for a store only: a curves.csv is fitted without it
+        from runners.tracking.store import check_store, default_tracking_uri, existing_store
+
         uri = args.tracking_uri or default_tracking_uri()
         check_store(uri)  # a damaged store: one line, before a folder is made or a tag written, as `campaign` does
         uri = existing_store(uri)  # a missing one: likewise

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 
 from runners.contract import COMPUTE_METRICS, MEAN_AT_16, PASS_AT_16
-from runners.tracking import store
 from scalefit.data.unstable import MAD_SD, Flag, flag_runs
 from scalefit.forecasts.settings import FitSettings
 
@@ -33,6 +32,8 @@ def load_curves(
     are left out and counted, never pooled with these; a store with none of them (a study
     recorded by older code) is read whole.
     """
+    from runners.tracking import store  # MLflow: imported where a store is read, not by a fit of a curves.csv
+
     client = store.read_client(tracking_uri)
     exp_id = store.experiment_id(client, campaign)
     if exp_id is None:
@@ -104,6 +105,8 @@ def progress(campaign: str, tracking_uri: str | None, specs: Iterable[Any]) -> P
     """Where the runs a campaign file expands to (``specs``: RunSpecs, by identity) stand in its
     store. A store that holds none of them (a study recorded by older code, read whole by
     ``load_curves``) is matched by variant and seed instead."""
+    from runners.tracking import store
+
     client = store.read_client(tracking_uri)
     exp_id = store.experiment_id(client, campaign)
     if exp_id is None:

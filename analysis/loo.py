@@ -11,17 +11,22 @@ importable from here too, as ``python -m analysis fit`` and the notebook (analys
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-from mlflow.tracking import MlflowClient
 
-from analysis import builds, evidence
+from analysis import builds
 from analysis.curves import bad_points, load_curves, read_curves, steady_points
 from analysis.fits import HALF_RESAMPLES, Model, campaign_model
 from analysis.render import plot_campaign, report_folder, runs_markdown, to_markdown
 from analysis.table import SHORT_COLUMNS, calls, extrapolation_check, fit_table, measured_at_budget
-from runners.tracking import store
 from scalefit.forecasts.settings import FitSettings
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
+
+# MLflow (analysis.evidence, runners.tracking.store) is imported where a store is read: a fit from a
+# curves.csv (``write_fit``) needs none of it: ~1.5 s of CPU of that fit (make bench-analysis)
 
 __all__ = [
     "Model",
@@ -48,6 +53,7 @@ def write_missing_reports(curves: pd.DataFrame, client: MlflowClient, out: Path,
     (``analysis.report``) and logged to it; a report that fails is named, and the rest go on.
     Returns how many were written."""
     from analysis.report import write_run_report
+    from runners.tracking import store
 
     written = 0
     ended = curves["done"] | (curves["stopped"].fillna("") != "") if "stopped" in curves else curves["done"]
@@ -115,12 +121,16 @@ def _tag_runs(curves: pd.DataFrame, client: MlflowClient, key: str, values: dict
 def tag_unstable(curves: pd.DataFrame, client: MlflowClient) -> None:
     """Each flagged run gets its flag as the MLflow tag ``store.UNSTABLE`` (the Flag's text); a run
     flagged by an earlier fit and steady now loses it."""
+    from runners.tracking import store
+
     _tag_runs(curves, client, store.UNSTABLE, {(f.variant, f.seed): f.text() for f in steady_points(curves)[1]})
 
 
 def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient) -> None:
     """Each variant's runs get its reading at the budget as the MLflow tag ``store.READING``
     ("slower, ceiling not yet told: ..."); a variant with none now loses an earlier one."""
+    from runners.tracking import store
+
     readings = {}
     if "reading" in table:
         read = table[table["reading"].apply(lambda v: isinstance(v, str) and bool(v))]
@@ -132,6 +142,7 @@ def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient
 def tag_p_within(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient) -> None:
     """Each variant's runs get its forecast's P(within ±margin) as the MLflow tag ``store.P_WITHIN``
     ("0.55"); a variant with none (no fit, no band) loses an earlier one."""
+    from runners.tracking import store
     values = {}
     if "p_within" in table:
         known = table[table["p_within"].notna()]
@@ -154,6 +165,9 @@ def write_report(
     logged to the campaign's parent run and its readings tagged on the runs, unless ``partial`` (a
     campaign whose runs have not all finished: its fit is no campaign's result). ``current``: as
     ``load_curves``."""
+    from analysis import evidence
+    from runners.tracking import store
+
     out.mkdir(parents=True, exist_ok=True)
     curves = load_curves(campaign, tracking_uri, current, log=log)
     if (mixed := builds.mixed(curves)) is not None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ from runners.campaign.spec import fit_settings as S  # a campaign's fit: section
 from runners.contract import MEAN_AT_16
 from scalefit.data.synthetic import synthetic_curve
 from scalefit.models.curve import sigmoid
-from tests.conftest import empty_store
+from tests.conftest import ROOT, empty_store
 
 X = "compute/gpu_hours"
 
@@ -623,3 +625,26 @@ def test_make_lab_serves_the_notebook_on_localhost_with_a_token_over_the_project
     finally:
         os.killpg(lab.pid, signal.SIGTERM)
         lab.wait(timeout=30)
+
+
+FIT_AND_SAY_WHAT_IT_LOADED = """
+import sys
+from analysis.cli import main
+code = main(["fit", "loo-cpu", "--curves", sys.argv[1], "--out", sys.argv[2]])
+print(sorted(m for m in sys.modules if m.split(".")[0] == "mlflow")[:3])
+sys.exit(code)
+"""
+
+
+def test_a_fit_of_a_curves_csv_does_not_import_mlflow(tmp_path):
+    """`analysis fit --curves` reads no store, so it loads no MLflow: importing it was ~1.5 s of CPU of
+    the fit of loo-gpu6 (`make bench-analysis`, docs/benchmarks.md). A fresh process says what it loaded."""
+    df = curves({"baseline": (2542, 1.92, 0.61), "loss=dapo": (2542, 1.92, 0.61)})
+    df.insert(0, "run", df["variant"] + "/seed" + df["seed"].astype(str))
+    path = tmp_path / "curves.csv"
+    df.rename(columns={X: "compute/samples"}).to_csv(path, index=False)  # loo-cpu fits on compute/samples
+    args = [sys.executable, "-c", FIT_AND_SAY_WHAT_IT_LOADED, str(path), str(tmp_path / "fit")]
+    res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "fit" / "loo_table.md").is_file()
+    assert res.stdout.splitlines()[-1] == "[]", res.stdout.splitlines()[-1]

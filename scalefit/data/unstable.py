@@ -45,12 +45,15 @@ def deviations(values: np.ndarray) -> np.ndarray:
     """Each entry of ``values`` (runs x steps, NaN: not evaluated) less the median of the other runs
     at its step; NaN where the step holds fewer than two runs."""
     out = np.full(values.shape, np.nan)
+    n = len(values)
     two = np.isfinite(values).sum(axis=0) >= 2
-    for i in range(len(values)):
-        others = np.delete(values, i, axis=0)[:, two]
-        with np.errstate(all="ignore"):  # a step where only this run was evaluated: NaN, as it should be
-            med = np.nanmedian(np.where(np.isfinite(others), others, np.nan), axis=0) if len(others) else np.nan
-        out[i, two] = values[i, two] - med
+    if n < 2 or not two.any():
+        return out
+    siblings = np.array([np.delete(np.arange(n), i) for i in range(n)])  # row i: every run but i
+    others = values[siblings][:, :, two]  # (runs, runs - 1, steps): one median call for every run
+    with np.errstate(all="ignore"):  # a step where only this run was evaluated: NaN, as it should be
+        med = np.nanmedian(np.where(np.isfinite(others), others, np.nan), axis=1)
+    out[:, two] = values[:, two] - med
     return out
 
 

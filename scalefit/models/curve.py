@@ -24,20 +24,22 @@ def sigmoid_residuals(
     ``wrt`` picks the Jacobian's columns (0 A, 1 B, 2 log C_mid): ``(0, 2)`` where B is held
     fixed. This is the one least-squares problem every refit of the curve solves.
     """
+    if not set(wrt) <= {0, 1, 2}:
+        raise ValueError(f"wrt = {wrt}: the columns are 0 (A), 1 (B) and 2 (log C_mid)")
     a, b, lc = theta[:, :1], theta[:, 1:2], theta[:, 2:3]
     u = lc - log_c
-    s = expit(-b * u)
-    gain = a - r0
-    ds = -gain * s * (1.0 - s)
-    r = r0 + gain * s - y
-    jac = np.empty((len(wrt), *r.shape))  # one contiguous block per parameter (see scalefit.models.lm)
+    shape = np.broadcast_shapes(u.shape, np.shape(y))
+    jac = np.empty((len(wrt), *shape))  # one contiguous block per parameter (see scalefit.models.lm)
+    # the curve's arithmetic, written into as few arrays as it can be (the bootstrap's refits spend most
+    # of their time here): s straight into A's column, -gain * s shared by the residual and the slope
+    x = np.multiply(-b, u, out=None if 1 in wrt else u)
+    s = expit(x, out=jac[wrt.index(0)] if 0 in wrt else x)
+    neg_gs = np.multiply(-(a - r0), s)  # -gain * s
+    ds = np.multiply(neg_gs, np.subtract(1.0, s))  # -gain * s * (1 - s)
+    r = np.subtract(np.subtract(r0, neg_gs, out=neg_gs), y, out=neg_gs)  # r0 + gain * s - y
     for k, col in enumerate(wrt):
-        if col == 0:
-            jac[k] = s
-        elif col in (1, 2):
+        if col in (1, 2):
             np.multiply(ds, u if col == 1 else b, out=jac[k])
-        else:
-            raise ValueError(f"wrt = {wrt}: the columns are 0 (A), 1 (B) and 2 (log C_mid)")
     return r, jac.transpose(1, 2, 0)
 
 

@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-# fun(theta_rows, row_indices) -> residuals (rows, n) and Jacobian (rows, n, p); a Jacobian that is
+# fun(theta_rows, row_indices) -> residuals (rows, n) and Jacobian (rows, n, p), arrays of its own
+# (batched_lm keeps them and writes the rows whose step it refuses into them); a Jacobian that is
 # a (p, rows, n) array seen as (rows, n, p), as sigmoid_residuals returns, is used without a copy
 Residuals = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -62,13 +63,17 @@ def batched_lm(
         better = np.isfinite(sse_new) & (sse_new < sse)
         gain = np.where(better, sse - sse_new, 0.0)
         theta[rows[better]] = cand[better]
-        r[better], J[:, better], sse[better] = r_new[better], J_new[:, better], sse_new[better]
+        worse = ~better  # most steps are taken: the few rows that stay move into the new arrays, not the reverse
+        if worse.any():
+            r_new[worse], J_new[:, worse], sse_new[worse] = r[worse], J[:, worse], sse[worse]
+        r, J, sse = r_new, J_new, sse_new
         lam = np.clip(np.where(better, lam / 3.0, lam * 4.0), 1e-12, 1e16)
         done = (better & (gain <= rtol * sse)) | (~better & (lam > 1e10))
         done |= pinned.all(axis=1)  # every parameter held on a bound: a constrained optimum, no step left
         sse_out[rows[done]] = sse[done]
-        keep = ~done
-        rows, r, J, sse, lam = rows[keep], r[keep], J[:, keep], sse[keep], lam[keep]
+        if done.any():
+            keep = np.flatnonzero(~done)  # ``take`` by index: a boolean mask on J's middle axis copies slower
+            rows, r, J, sse, lam = rows[keep], r.take(keep, axis=0), J.take(keep, axis=1), sse[keep], lam[keep]
         if len(rows) == 0:
             break
     sse_out[rows] = sse
