@@ -5,10 +5,9 @@ stand (``progress``: unfinished, missing, trained twice), and which points a fit
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -273,7 +272,7 @@ def _left_their_build(curves: pd.DataFrame, flags: list[Flag]) -> list[Flag]:
             last = int(frame.loc[mine, "step"].max())
             kept = [f.steps[i] for i in keep]
             out.append(
-                dataclasses.replace(
+                replace(
                     f,
                     steps=kept,
                     values=[f.values[i] for i in keep],

@@ -143,6 +143,7 @@ def tag_p_within(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient
     """Each variant's runs get its forecast's P(within ±margin) as the MLflow tag ``store.P_WITHIN``
     ("0.55"); a variant with none (no fit, no band) loses an earlier one."""
     from runners.tracking import store
+
     values = {}
     if "p_within" in table:
         known = table[table["p_within"].notna()]
