@@ -399,3 +399,18 @@ def pytest_collection_modifyitems(config, items):
         return not slow, tier
 
     items.sort(key=order)
+
+
+def documented_module(tmp_path: Path, heading: str, folder: str, file: str) -> Path:
+    """The one Python block of docs/extending.md's section ``heading`` ("## Adding a loss"), as the page
+    writes it, saved as ``file`` in a new folder ``folder`` under ``tmp_path`` (a folder a plug-in
+    package can scan): the docs' example, run by a test as a user would copy it."""
+    import re
+
+    page = (ROOT / "docs" / "extending.md").read_text()
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
+    out = tmp_path / folder
+    out.mkdir()
+    (out / file).write_text(code)
+    return out

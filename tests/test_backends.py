@@ -19,6 +19,7 @@ from runners.campaign.load import load_campaign
 from runners.campaign.runs import run_campaign
 from runners.campaign.spec import BackendSettings, CampaignError
 from tests.campaigns import history_steps, write_campaign
+from tests.conftest import documented_module
 
 ROOT = Path(__file__).resolve().parents[1]
 MEMBERS = ("check", "submit", "placement", "poll", "cancel")
@@ -119,13 +120,7 @@ class _Failing(Backend):
 
 def _documented_backend(tmp_path: Path) -> str:
     """docs/extending.md's backend module, as the page writes it, in a folder of the backends package."""
-    page = (ROOT / "docs" / "extending.md").read_text()
-    section = page.split("## Adding a backend", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    folder = tmp_path / "more-backends"
-    folder.mkdir()
-    (folder / "serial.py").write_text(code)
-    return str(folder)
+    return str(documented_module(tmp_path, "## Adding a backend", "more-backends", "serial.py"))
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@ refits, identified(), the forecast and the comparison; the whole LOO path with e
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +18,7 @@ from runners.campaign.spec import CampaignError, fit_settings
 from scalefit import FitError, PowerLawModel, SigmoidModel, compare_fits, fit_sigmoid, forecast, make_model
 from scalefit.data.synthetic import synthetic_curve
 from scalefit.models import registry as models
+from tests.conftest import documented_module
 from tests.test_analysis import X, curves
 
 MODELS = {"sigmoid": ("A", "B", "C_mid"), "power_law": ("A", "D", "B")}
@@ -155,13 +155,7 @@ def test_a_campaign_asking_the_joint_fit_of_a_power_law_is_refused_when_it_loads
 
 def _documented_model(tmp_path: Path) -> Path:
     """docs/extending.md's model module, as the page writes it, in a folder of the scalefit.models package."""
-    page = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
-    section = page.split("## Adding a fit model", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    folder = tmp_path / "more-models"
-    folder.mkdir()
-    (folder / "model_exp.py").write_text(code)
-    return folder
+    return documented_module(tmp_path, "## Adding a fit model", "more-models", "model_exp.py")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ computes, its aggregation and a real run with SAPO are its axis's tests in tests
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from runners.identity import code_version, run_key
 from runners.losses import LOSSES, Loss, Setting, positive, register
 from runners.recipe import RecipeError, load_recipe
+from tests.conftest import documented_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,13 +109,7 @@ print(json.dumps(said))
 
 def _documented_loss(tmp_path: Path) -> Path:
     """docs/extending.md's loss module, as the page writes it, in a folder of the losses package."""
-    page = (ROOT / "docs" / "extending.md").read_text()
-    section = page.split("## Adding a loss", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
-    folder = tmp_path / "more-losses"
-    folder.mkdir()
-    (folder / "grpo.py").write_text(code)
-    return folder
+    return documented_module(tmp_path, "## Adding a loss", "more-losses", "grpo.py")
 
 
 @pytest.mark.slow
