@@ -118,6 +118,12 @@ def _tag_runs(curves: pd.DataFrame, client: MlflowClient, key: str, values: dict
             client.delete_tag(run_id, key)
 
 
+def _tag_variants(curves: pd.DataFrame, client: MlflowClient, key: str, values: dict[str, str]) -> None:
+    """Every run of each variant gets ``values[variant]`` as its MLflow tag ``key`` (``_tag_runs``)."""
+    runs = curves[["variant", "seed"]].drop_duplicates().itertuples(index=False)
+    _tag_runs(curves, client, key, {(v, s): values[v] for v, s in runs if v in values})
+
+
 def tag_unstable(curves: pd.DataFrame, client: MlflowClient) -> None:
     """Each flagged run gets its flag as the MLflow tag ``store.UNSTABLE`` (the Flag's text); a run
     flagged by an earlier fit and steady now loses it."""
@@ -135,8 +141,7 @@ def tag_readings(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient
     if "reading" in table:
         read = table[table["reading"].apply(lambda v: isinstance(v, str) and bool(v))]
         readings = {r["variant"]: f"{r['reading']}: {r['reading_text']}" for _, r in read.iterrows()}
-    runs = curves[["variant", "seed"]].drop_duplicates().itertuples(index=False)
-    _tag_runs(curves, client, store.READING, {(v, s): readings[v] for v, s in runs if v in readings})
+    _tag_variants(curves, client, store.READING, readings)
 
 
 def tag_p_within(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient) -> None:
@@ -148,8 +153,7 @@ def tag_p_within(curves: pd.DataFrame, table: pd.DataFrame, client: MlflowClient
     if "p_within" in table:
         known = table[table["p_within"].notna()]
         values = {r["variant"]: f"{float(r['p_within']):.3f}" for _, r in known.iterrows()}
-    runs = curves[["variant", "seed"]].drop_duplicates().itertuples(index=False)
-    _tag_runs(curves, client, store.P_WITHIN, {(v, s): values[v] for v, s in runs if v in values})
+    _tag_variants(curves, client, store.P_WITHIN, values)
 
 
 def write_report(
