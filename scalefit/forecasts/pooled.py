@@ -387,23 +387,29 @@ class PooledForecast(Forecast):
             out.append(Reason("backtests", n, {"form": "campaign"}))
         return out
 
+    def _misses(self) -> np.ndarray | None:
+        """How far each draw of the mean of this variant's seeds' last ``window`` evaluations at the
+        target lands from the prediction (None: no band)."""
+        if self.no_band or not np.isfinite(self.target):
+            return None
+        d = self.target_draws([self.target], self.n_seeds, self.window)
+        return np.abs(d - float(self.point([self.target])[0]))
+
     @property
     def p_within(self) -> float | None:
         """The probability that a mean of this variant's seeds' last ``window`` evaluations at the
         target lands within ±margin of the prediction (None: no band)."""
-        if self.no_band or not np.isfinite(self.target):
-            return None
-        d = self.target_draws([self.target], self.n_seeds, self.window)
-        return float(np.mean(np.abs(d - float(self.point([self.target])[0])) <= self.margin))
+        misses = self._misses()
+        return None if misses is None else float(np.mean(misses <= self.margin))
 
     def error_doubt(self) -> tuple[Reason | None, float | None]:
         """A k-seed mean at the target that lands within ±margin with probability below the level."""
         w = self.window
-        p_within = self.p_within
+        misses = self._misses()
+        p_within = None if misses is None else float(np.mean(misses <= self.margin))
         if p_within is None or p_within >= self.level:
             return None, None
-        d = self.target_draws([self.target], self.n_seeds, w)
-        half = float(np.percentile(np.abs(d - float(self.point([self.target])[0])), 100 * self.level))
+        half = float(np.percentile(misses, 100 * self.level))
         z = float(norm.ppf(0.5 + self.level / 2))
         seeds_alone = z * float(self._sd(w, [self.target], self.n_seeds)[0])
         numbers = {"seeds": self.n_seeds, "window": w, "ratio": self.ratio, "margin": self.margin, "p": p_within}
