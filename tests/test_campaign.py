@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -755,3 +756,36 @@ def test_an_evaluation_recorded_but_never_logged_is_backfilled_on_resume(tmp_pat
     assert [m.step for m in client.get_metric_history(run_id, "val/mean_at_16")] == [0, 10]
     assert [m.step for m in client.get_metric_history(run_id, "compute/samples")] == [10]
     assert sink.backfill(metric_records(metrics)) == 0  # nothing twice
+
+
+@pytest.mark.slow  # two pico builds at once, then one failing: ~70 s on 2 cores
+def test_builds_at_once_builds_distinct_base_models_concurrently_and_names_a_failed_one(tmp_path, monkeypatch):
+    from runners.campaign.backends.local import build_base_models
+
+    monkeypatch.setenv("PRL_CACHE", str(tmp_path / "cache"))
+    path = write_campaign(tmp_path / "b.yaml", "builds-at-once", 2, {}, builds=2, builds_at_once=2)
+    doc = json.loads(path.read_text())
+    doc["overrides"]["model.size"] = "pico"
+    path.write_text(json.dumps(doc))
+    camp = load_campaign(path)
+    assert camp.backend_settings.builds_at_once == 2
+    specs = expand(camp)
+    bases = {s.recipe.base_model() for s in specs}
+    assert len(bases) == 2  # two builds, two base models
+    lines: list[str] = []
+    build_base_models(specs, tmp_path / "root", None, lines.append, at_once=2)
+    assert all((b / "build_info.json").is_file() for b in bases)
+    starts = [i for i, x in enumerate(lines) if x.startswith("building base model")]
+    ready = [i for i, x in enumerate(lines) if "base model ready" in x]
+    assert len(starts) == 2 and max(starts) < min(ready), lines  # both were building before either ended
+    lines.clear()
+    build_base_models(specs, tmp_path / "root", None, lines.append, at_once=2)
+    assert lines == []  # built: nothing to do again
+
+    good, bad = sorted(bases)
+    for b in bases:  # a build that fails is named, and the other one in flight still ends built
+        shutil.rmtree(b)
+    bad.write_text("not a folder")  # where its weights go, a file: its process fails
+    with pytest.raises(CampaignError, match=f"building base model {bad.name} failed"):
+        build_base_models(specs, tmp_path / "root", None, lines.append, at_once=2)
+    assert (good / "build_info.json").is_file()

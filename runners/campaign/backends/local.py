@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, ClassVar
@@ -44,10 +45,11 @@ PROGRESS_MARKS = (
 class LocalSettings(BackendSettings):
     """The local backend's campaign keys: how many runs at once, and each run's GPUs."""
 
-    keys: ClassVar[tuple[str, ...]] = ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries")
+    keys: ClassVar[tuple[str, ...]] = ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries", "builds_at_once")
     parallel: int = 1  # concurrent runs on CPU
     runs_per_gpu: int = 1
     gpus_per_run: int = 1  # > 1: each run spans this many GPUs through accelerate (DDP)
+    builds_at_once: int = 1  # distinct base models built concurrently before the runs (> 1 pays under CUDA MPS)
 
     @classmethod
     def parse(cls, data: dict) -> LocalSettings:
@@ -129,25 +131,36 @@ def slots(settings: LocalSettings, where: Path) -> list[str | None]:
     return [g for g in groups for _ in range(max(1, settings.runs_per_gpu))]
 
 
-def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: Callable[[str], None]) -> None:
-    """Build each distinct embedded base model once, before runs that share it start.
+def build_base_models(
+    todo: list[RunSpec], root: Path, device: str | None, log: Callable[[str], None], at_once: int = 1
+) -> None:
+    """Build each distinct embedded base model once, before runs that share it start, ``at_once`` at a
+    time (the campaign's ``builds_at_once``), each process given an equal share of the cores.
 
     Packed runs that each found the cache empty would all build it at once (measured on an H200:
-    416-550 s each for 4 concurrent builds against 118-146 s for one alone).
+    416-550 s each for 4 concurrent builds against 118-146 s for one alone). Distinct builds at once
+    gain nothing where the GPU time-slices between processes, and overlap under CUDA MPS
+    (docs/operations.md). A failed build stops the campaign after the builds in flight end, and names
+    every one that failed.
     """
     users: dict[Path, list[RunSpec]] = {}
     for spec in todo:
         if (base := spec.recipe.base_model()) is not None:
             users.setdefault(base, []).append(spec)
-    for path, specs in users.items():
-        if (path / "build_info.json").is_file():
-            continue
+    pending = [(path, specs) for path, specs in users.items() if not (path / "build_info.json").is_file()]
+    if not pending:
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    at_once = max(1, min(at_once, len(pending)))
+    threads = max(1, cores() // at_once)
+
+    def build(path: Path, specs: list[RunSpec]) -> str | None:
+        """One build's process, its progress lines logged; the reason it failed, else None."""
         log(f"building base model {path.name} once for {len(specs)} run(s)" + (f" on cuda:{device}" if device else ""))
-        root.mkdir(parents=True, exist_ok=True)
         recipe_file = root / f"base-{path.name}.yaml"
         recipe_file.write_text(specs[0].recipe.to_yaml())
         env = {**os.environ, **child_env()}
-        share_cores(env, cores())  # it runs alone: every core, waiting passively
+        share_cores(env, threads)  # each build its share of the cores, waiting passively
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device.split(",")[0]
         proc = subprocess.Popen(
@@ -161,9 +174,13 @@ def build_base_models(todo: list[RunSpec], root: Path, device: str | None, log: 
         for line in proc.stdout:  # type: ignore[union-attr]
             out.append(line.rstrip())
             if any(m in line for m in ("building base model", "base model ready", "SFT")):
-                log("  " + line.rstrip())
-        if proc.wait() != 0:  # every run would fail the same way: say why once
-            raise CampaignError(f"building base model {path.name} failed: {(out or ['no output'])[-1]}")
+                log("  " + (f"[{path.name}] " if at_once > 1 else "") + line.rstrip())
+        return None if proc.wait() == 0 else f"building base model {path.name} failed: {(out or ['no output'])[-1]}"
+
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        failed = [f for f in pool.map(lambda job: build(*job), pending) if f is not None]
+    if failed:  # every run of those would fail the same way: say why once
+        raise CampaignError("; ".join(failed))
 
 
 @register
@@ -183,7 +200,7 @@ class LocalBackend(Backend):
         self.threads = max(1, cores() // max(1, len(self.free)))
         self.running: list[_Running] = []
         self.retried: dict[str, int] = {}
-        build_base_models(todo, root, self.free[0], self.log)
+        build_base_models(todo, root, self.free[0], self.log, self.settings.builds_at_once)
 
     def room(self) -> bool:
         return len(self.running) < len(self.free)
