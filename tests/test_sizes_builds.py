@@ -140,7 +140,9 @@ def test_a_trend_within_build_noise_is_said_so_with_the_builds_that_would_separa
 
 def test_one_build_a_size_gives_the_recorded_numbers_of_scale_gpu2_plus_its_builds_statement():
     """results/scale-gpu2/sizes.json (`scalefit sizes sizes.csv --holdout large --r0 0.4725`), refitted: every
-    recorded number the same (to float noise between machines), the builds and the size trend added."""
+    recorded number the laws' draws do not set the same (to float noise between machines), the builds and the
+    size trend added. The draws' numbers moved with the laws' misfit prior and Student's t (issue 62): A's
+    interval widened and now holds large's A, which the recorded one missed."""
     recorded = json.loads((ROOT / "results/scale-gpu2/sizes.json").read_text())
     data = read_sizes(str(ROOT / "results/scale-gpu2/sizes.csv"), "compute/samples", "val/mean_at_16")
     assert {d.n_builds for d in data.values()} == {1}
@@ -151,8 +153,12 @@ def test_one_build_a_size_gives_the_recorded_numbers_of_scale_gpu2_plus_its_buil
     assert not record["builds"]["in_band"] and record["builds"]["sigma_build_A"] == SIGMA_BUILD_A
     for f in record["fitted_sizes"].values():
         assert f.pop("builds") == 1
-    assert record["predictable"] == recorded["predictable"] and record["reasons"] == recorded["reasons"]
-    assert same(record, recorded), "a recorded number moved"
+    drawn = {"A", "A_interval", "passes", "curve", "actual", "reasons"}
+    kept = {k: v for k, v in recorded.items() if k not in drawn}
+    assert same({k: v for k, v in record.items() if k not in drawn}, kept), "a recorded number moved"
+    assert record["predictable"] == recorded["predictable"] and record["reasons"][0] == recorded["reasons"][0]
+    (lo, hi), (lo0, hi0) = record["A_interval"], recorded["A_interval"]
+    assert lo < lo0 and hi > hi0 and not recorded["actual"]["A_inside"] and record["actual"]["A_inside"]
 
 
 def same(new, old) -> bool:

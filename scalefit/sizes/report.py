@@ -36,8 +36,8 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
     for c in fc.choices[:6]:
         mark = "*" if c is fc.choice else " "
         out.append(f" {mark} held-out RMSE {c.loso_rmse:.4f}  fit RSS {c.fit_rss:9.3f}  {c.label}")
-    misfit = ", ".join(f"{p} {v:.3g}" for p, v in fc.misfit_sd.items())
-    out.append(f"misfit added (held-out, beyond the sizes' spread): {misfit}")
+    misfit = ", ".join(f"{p} {v:.3g} (t, {fc.misfit_dof[p]} df)" for p, v in fc.misfit_sd.items())
+    out.append(f"misfit added (held-out, beyond the sizes' spread, shrunk towards the prior): {misfit}")
     passing = (
         f"passes {fc.passes.level:.3f} (the largest fitted size's A) at {fc.passes.compute:.3g} "
         f"[{p_lo:.3g}, {p_hi:.3g}] ({fc.passes.share:.0%} of draws pass it)"
