@@ -55,7 +55,8 @@ def test_the_builtin_backends_implement_the_protocol_and_own_their_keys():
     for name, cls in found.items():
         assert cls.name == name and issubclass(cls, Backend) and not cls.__abstractmethods__, name
         assert issubclass(cls.settings_class, BackendSettings) and "max_retries" in cls.settings_class.keys
-    assert found["local"].settings_class.keys == ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries")
+    local_keys = ("parallel", "runs_per_gpu", "gpus_per_run", "max_retries", "builds_at_once")
+    assert found["local"].settings_class.keys == local_keys
     assert found["ray"].settings_class.keys == ("ray_address", "gpus_per_run", "max_retries")
     assert found["slurm"].settings_class.keys == ("slurm", "max_retries")
 

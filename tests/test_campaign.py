@@ -649,8 +649,8 @@ def test_a_bad_campaign_file_is_one_line_from_the_shell(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.splitlines() == [
         f"error: {path}: unknown campaign key 'seed'; did you mean 'seeds'? Valid keys: adaptive, axes, backend, "
-        "baseline, baseline_seeds, builds, controls, fit, gpus_per_run, kind, max_retries, name, overrides, parallel, "
-        "ray_address, runs_per_gpu, seeds, sizes, slurm"
+        "baseline, baseline_seeds, builds, builds_at_once, controls, fit, gpus_per_run, kind, max_retries, name, "
+        "overrides, parallel, ray_address, runs_per_gpu, seeds, sizes, slurm"
     ]
 
 
@@ -782,10 +782,13 @@ def test_builds_at_once_builds_distinct_base_models_concurrently_and_names_a_fai
     build_base_models(specs, tmp_path / "root", None, lines.append, at_once=2)
     assert lines == []  # built: nothing to do again
 
-    good, bad = sorted(bases)
-    for b in bases:  # a build that fails is named, and the other one in flight still ends built
+    first, second = dict.fromkeys(s.recipe.base_model() for s in specs)  # in the campaign's order
+    for b in bases:
         shutil.rmtree(b)
-    bad.write_text("not a folder")  # where its weights go, a file: its process fails
-    with pytest.raises(CampaignError, match=f"building base model {bad.name} failed"):
+    first.write_text("not a folder")  # where its weights go, a file: its process fails
+    with pytest.raises(CampaignError, match=f"building base model {first.name} failed"):
+        build_base_models(specs, tmp_path / "root", None, lines.append, at_once=1)
+    assert not second.exists()  # one at a time: once one failed, the next is not started
+    with pytest.raises(CampaignError, match=f"building base model {first.name} failed"):
         build_base_models(specs, tmp_path / "root", None, lines.append, at_once=2)
-    assert (good / "build_info.json").is_file()
+    assert (second / "build_info.json").is_file()  # at once: the other one in flight still ends built

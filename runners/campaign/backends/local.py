@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -140,8 +141,8 @@ def build_base_models(
     Packed runs that each found the cache empty would all build it at once (measured on an H200:
     416-550 s each for 4 concurrent builds against 118-146 s for one alone). Distinct builds at once
     gain nothing where the GPU time-slices between processes, and overlap under CUDA MPS
-    (docs/operations.md). A failed build stops the campaign after the builds in flight end, and names
-    every one that failed.
+    (docs/operations.md). Once a build fails no other starts; the campaign stops after those in flight
+    end, naming every one that failed.
     """
     users: dict[Path, list[RunSpec]] = {}
     for spec in todo:
@@ -153,9 +154,12 @@ def build_base_models(
     root.mkdir(parents=True, exist_ok=True)
     at_once = max(1, min(at_once, len(pending)))
     threads = max(1, cores() // at_once)
+    failing = threading.Event()  # once one fails, builds not yet started are not started
 
     def build(path: Path, specs: list[RunSpec]) -> str | None:
         """One build's process, its progress lines logged; the reason it failed, else None."""
+        if failing.is_set():
+            return None
         log(f"building base model {path.name} once for {len(specs)} run(s)" + (f" on cuda:{device}" if device else ""))
         recipe_file = root / f"base-{path.name}.yaml"
         recipe_file.write_text(specs[0].recipe.to_yaml())
@@ -175,7 +179,10 @@ def build_base_models(
             out.append(line.rstrip())
             if any(m in line for m in ("building base model", "base model ready", "SFT")):
                 log("  " + (f"[{path.name}] " if at_once > 1 else "") + line.rstrip())
-        return None if proc.wait() == 0 else f"building base model {path.name} failed: {(out or ['no output'])[-1]}"
+        if proc.wait() == 0:
+            return None
+        failing.set()
+        return f"building base model {path.name} failed: {(out or ['no output'])[-1]}"
 
     with ThreadPoolExecutor(max_workers=at_once) as pool:
         failed = [f for f in pool.map(lambda job: build(*job), pending) if f is not None]
