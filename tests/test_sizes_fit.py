@@ -259,8 +259,8 @@ def test_a_law_that_predicted_its_few_held_out_sizes_still_carries_a_misfit_that
     assert few.choice.forms["A"] == many.choice.forms["A"] == "constant"
     for fc, folds in ((few, 4), (many, 9)):
         floor = MISFIT_PRIOR["A"] * np.sqrt(MISFIT_PRIOR_FOLDS / (MISFIT_PRIOR_FOLDS + folds))
-        assert fc.misfit_sd["A"] >= 0.99 * floor and fc.misfit_dof["A"] == folds + MISFIT_PRIOR_FOLDS
-    assert many.misfit_sd["A"] < few.misfit_sd["A"]
+        assert fc.misfit["A"].sd >= 0.99 * floor and fc.misfit["A"].dof == folds + MISFIT_PRIOR_FOLDS
+    assert many.misfit["A"].sd < few.misfit["A"].sd
     assert np.diff(many.interval("A"))[0] < np.diff(few.interval("A"))[0]
 
 

@@ -26,7 +26,7 @@ from scalefit.reasons import Reason
 from scalefit.sizes.builds import build_sd_of_a, size_trend
 from scalefit.sizes.data import SizeData
 from scalefit.sizes.fits import A_GRID, SizeFit, fit_size
-from scalefit.sizes.laws import MIN_SIZES, Choice, law_draws, per_size
+from scalefit.sizes.laws import MIN_SIZES, Choice, Misfit, law_draws, per_size
 
 MAX_REACH = 4.0  # a forecast this many times past the largest fitted N is an extrapolation too far
 PARAM_DRAWS = {"A": ("A", False), "B": ("logB", True), "C_mid": ("logC", True), "R0": ("R0", False)}
@@ -101,8 +101,7 @@ class SizeForecast(CurveForecast):
     choices: list[Choice]
     fits: list[SizeFit]  # the fitted sizes, smallest first
     joint_b: bool  # the sizes fitted with one B (it predicted held-out sizes better than one B a size)
-    misfit_sd: dict[str, float]  # each law's own misfit on held-out sizes (shrunk to the prior), added to the draws
-    misfit_dof: dict[str, int]  # its draws' degrees of freedom (Student's t): held-out sizes + the prior's weight
+    misfit: dict[str, Misfit]  # each law's own misfit on held-out sizes (shrunk to the prior), added to the draws
     draws: SizeDraws
     n_seeds: int  # seeds its measured mean averages: the band's
     n_builds: int  # builds its measured mean will average
@@ -238,8 +237,7 @@ def forecast_size(
                                           given.get(target))  # fmt: skip
     return SizeForecast(
         name=target, params=float(params), level=level, choice=choice, choices=choices, fits=sized, joint_b=joint,
-        misfit_sd={p: m.sd for p, m in misfit.items()}, misfit_dof={p: m.dof for p, m in misfit.items()},
-        draws=draws, n_seeds=k, n_builds=nb, build_source=build_source,
+        misfit=misfit, draws=draws, n_seeds=k, n_builds=nb, build_source=build_source,
         A_interval_builds=(float(np.quantile(with_builds, q)), float(np.quantile(with_builds, 1 - q))),
         compute=grid, curve=curve, lo=lo, hi=hi, A=a, passes=_passing(values, sized[-1], q),
         verdict=_verdict(choice, a, a_interval, level, float(params), sized, tolerance), actual=actual,

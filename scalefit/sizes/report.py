@@ -36,7 +36,7 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
     for c in fc.choices[:6]:
         mark = "*" if c is fc.choice else " "
         out.append(f" {mark} held-out RMSE {c.loso_rmse:.4f}  fit RSS {c.fit_rss:9.3f}  {c.label}")
-    misfit = ", ".join(f"{p} {v:.3g} (t, {fc.misfit_dof[p]} df)" for p, v in fc.misfit_sd.items())
+    misfit = ", ".join(f"{p} {m.sd:.3g} (t, {m.dof} df)" for p, m in fc.misfit.items())
     out.append(f"misfit added (held-out, beyond the sizes' spread, shrunk towards the prior): {misfit}")
     passing = (
         f"passes {fc.passes.level:.3f} (the largest fitted size's A) at {fc.passes.compute:.3g} "
