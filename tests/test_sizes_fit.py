@@ -15,7 +15,7 @@ from scalefit.cli import main
 from scalefit.data.synthetic import size_runs
 from scalefit.errors import FitError
 from scalefit.models.curve import sigmoid
-from scalefit.sizes import backtest_sizes, choose_forms, fit_size, forecast_size, size_data
+from scalefit.sizes import backtest_sizes, choose_forms, fit_size, forecast_lines, forecast_size, size_data
 
 ROOT = Path(__file__).resolve().parents[1]
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
@@ -107,6 +107,29 @@ def test_a_size_without_runs_is_forecast_from_its_parameter_count_and_base_model
     before = as_data(runs().query("size != 'e' or compute == 0"))  # e's base model evaluated, no RL yet
     fc = forecast_size(before, "e")
     assert fc.actual is None and fc.curve[0] == pytest.approx(before["e"].r0())
+
+
+def test_a_size_whose_runs_have_not_ended_is_compared_so_far_and_its_a_is_not_claimed(tmp_path, capsys):
+    """results/scale-gpu3: large's runs stopped at 37% of the budget with the window; the comparison fitted
+    them anyway and printed "its own A 0.706 (inside the interval)" and a medium → large step from it. Runs
+    that have not ended are compared as far as they go: the band's coverage of their evaluations, no A."""
+    df = runs()
+    early = df.query("size != 'e' or compute <= 0.4 * 153_600")
+    fc = forecast_size(as_data(early), "e")
+    a = fc.actual
+    assert a["finished"] is False and a["compute_reached"] == pytest.approx(0.4, abs=0.02), a
+    assert a["A"] is None and a["A_inside"] is None and a["points"] == 12 and a["band_coverage"] >= 0.8, a
+    assert [p["sizes"] for p in fc.trend["pairs"]][-1] == ["c", "d"]  # no step to e from a part of its curve
+    assert any(line.startswith("  actual so far: its runs reach 40% of the other sizes' compute") for line in
+               forecast_lines(fc)), forecast_lines(fc)  # fmt: skip
+    done = forecast_size(as_data(df), "e").actual
+    assert done["finished"] is True and done["A_inside"] and done["compute_reached"] == 1.0
+    # a fitted size whose runs have not ended is named before its extrapolated A enters the laws
+    cut = df.query("size != 'd' or compute <= 0.5 * 153_600")
+    cut = cut.rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})
+    cut.to_csv(tmp_path / "c.csv", index=False)
+    assert main(["sizes", str(tmp_path / "c.csv")]) == 0
+    assert "warning: size 'd''s runs reach 50% of the other sizes' compute" in capsys.readouterr().out
 
 
 def test_the_leave_one_size_out_backtest_states_its_coverage():

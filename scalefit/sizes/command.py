@@ -11,7 +11,7 @@ import time
 from scalefit.data.outputs import check_writable, write_json
 from scalefit.errors import FitError
 from scalefit.sizes.backtest import backtest_sizes
-from scalefit.sizes.data import read_sizes
+from scalefit.sizes.data import FINISHED_AT, compute_reached, read_sizes
 from scalefit.sizes.fits import A_GRID, fit_size
 from scalefit.sizes.forecast import forecast_size
 from scalefit.sizes.laws import MIN_SIZES
@@ -30,6 +30,11 @@ def cmd_sizes(args) -> int:
     if target not in data and args.params is None:
         raise FitError(f"--holdout {target!r} is not a size of {args.csv} ({', '.join(data)}); give --params N to "
                        "forecast a size that has no runs")  # fmt: skip
+    for name in data:
+        if name != target and (reached := compute_reached(data, name)) < FINISHED_AT:
+            say(f"warning: size {name!r}'s runs reach {reached:.0%} of the other sizes' compute: its fitted A "
+                f"extrapolates a part of its curve; fit it once its runs end, or hold it out (--holdout {name}) to "
+                "compare its runs so far with the forecast")  # fmt: skip
     kw = {"level": args.level, "tolerance": args.tolerance, "a_grid": args.a_grid}
     t0 = time.perf_counter()
     fits = {k: fit_size(k, d, a_grid=args.a_grid) for k, d in data.items() if k != target}

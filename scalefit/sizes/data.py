@@ -13,6 +13,8 @@ import pandas as pd
 from scalefit.data.curves_csv import read_curves
 from scalefit.errors import FitError
 
+FINISHED_AT = 0.95  # a size whose runs reach less of the other sizes' compute is read as unfinished
+
 
 @dataclass
 class SizeData:
@@ -55,6 +57,15 @@ class SizeData:
         """The base model's value (evaluations at compute 0), or None when it has none."""
         at0 = self.compute == 0
         return float(self.value[at0].mean()) if at0.any() else None
+
+
+def compute_reached(data: Mapping[str, SizeData], name: str) -> float:
+    """How far size ``name``'s runs reach: its last compute over the furthest any other size reached (1.0
+    where it reaches as far, or has no others). A scale study gives every size one budget, so a share
+    under ``FINISHED_AT`` is a size whose runs have not finished: its fitted A extrapolates."""
+    others = [float(d.compute.max()) for k, d in data.items() if k != name and len(d.compute)]
+    full = max(others, default=0.0)
+    return float(data[name].compute.max()) / full if full > 0 else 1.0
 
 
 def size_data(curves: Mapping[str, tuple]) -> dict[str, SizeData]:

@@ -24,7 +24,7 @@ from scalefit.forecasts.interface import CurveForecast, Verdict
 from scalefit.models.curve import sigmoid
 from scalefit.reasons import Reason
 from scalefit.sizes.builds import build_sd_of_a, size_trend
-from scalefit.sizes.data import SizeData
+from scalefit.sizes.data import FINISHED_AT, SizeData, compute_reached
 from scalefit.sizes.fits import A_GRID, SizeFit, fit_size
 from scalefit.sizes.laws import MIN_SIZES, Choice, Misfit, law_draws, per_size
 
@@ -234,7 +234,7 @@ def forecast_size(
     own_fit, actual = None, None
     if own is not None and (own.compute > 0).any():  # its runs so far (rows at compute 0 alone give its R0)
         actual, own_fit = _against_actual(draws, target, own, (grid, curve), a, a_interval, a_grid, seed,
-                                          given.get(target))  # fmt: skip
+                                          given.get(target), compute_reached(data, target))  # fmt: skip
     return SizeForecast(
         name=target, params=float(params), level=level, choice=choice, choices=choices, fits=sized, joint_b=joint,
         misfit=misfit, draws=draws, n_seeds=k, n_builds=nb, build_source=build_source,
@@ -341,11 +341,14 @@ def _against_actual(
     a_grid,
     seed: int,
     own_fit: SizeFit | None = None,
+    reached: float = 1.0,
 ) -> tuple[dict[str, Any], SizeFit | None]:
     """The size's own runs against its forecast (``curve``: its grid and median): its own A (fitted on its
     runs; with several builds, their mean), the error, whether the interval holds it, the share of its mean
     curve's evaluations inside the band and, with several builds, of each build's mean curve inside the band
-    of one build; and its fit."""
+    of one build; and its fit. Runs that reach less than ``FINISHED_AT`` of the other sizes' compute
+    (``reached``) are compared so far: the band's coverage of their evaluations, and no A, which a fit of
+    part of a curve would only extrapolate (results/scale-gpu3: large at 37% gave 0.706)."""
     c, v, k = own.mean_curve()
     lo, hi = draws.band(c, k)
     rl = c > 0
@@ -354,6 +357,8 @@ def _against_actual(
         "points": int(rl.sum()),
         "band_coverage": float(inside[rl].mean()) if rl.any() else float("nan"),
         "rmse": float(np.sqrt(np.mean((np.interp(c[rl], *curve) - v[rl]) ** 2))) if rl.any() else None,
+        "compute_reached": reached,
+        "finished": reached >= FINISHED_AT,
     }
     if own.n_builds >= 2:
         by_build = {}
@@ -363,6 +368,10 @@ def _against_actual(
             if (cb > 0).any():
                 by_build[b] = float(((vb >= lo_b) & (vb <= hi_b))[cb > 0].mean())
         out.update(band_coverage_by_build=by_build, band_coverage_builds_mean=float(np.mean(list(by_build.values()))))
+    if reached < FINISHED_AT:
+        note = f"its runs reach {reached:.0%} of the other sizes' compute: its A is not measured until they end"
+        out.update(A=None, A_error=None, A_inside=None, note=note)
+        return out, None
     try:
         own_fit = own_fit or fit_size(name, own, a_grid=a_grid, seed=seed)
     except FitError as e:

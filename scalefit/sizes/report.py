@@ -51,13 +51,14 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
     ]
     if fc.actual is not None:
         a = fc.actual
-        own = (
-            f"its own A {a['A']:.3f} (error {a['A_error']:+.3f},"
-            f" {'inside' if a['A_inside'] else 'outside'} the interval)"
-            if a.get("A") is not None
-            else f"its own fit failed ({a.get('note', '')})"
-        )
-        out.append(f"  actual: {own}; band holds {a['band_coverage']:.0%} of its {a['points']} evaluations")
+        so_far = not a.get("finished", True)
+        if a.get("A") is not None:
+            where = "inside" if a["A_inside"] else "outside"
+            own = f"its own A {a['A']:.3f} (error {a['A_error']:+.3f}, {where} the interval)"
+        else:
+            own = a.get("note", "") if so_far else f"its own fit failed ({a.get('note', '')})"
+        evals = f"{a['points']} evaluations" + (" so far" if so_far else "")
+        out.append(f"  actual{' so far' if so_far else ''}: {own}; band holds {a['band_coverage']:.0%} of its {evals}")
         if "band_coverage_by_build" in a:
             each = ", ".join(f"{b} {v:.0%}" for b, v in a["band_coverage_by_build"].items())
             out.append(f"  by build (each against one build's band): {each}; mean {a['band_coverage_builds_mean']:.0%}")
@@ -81,7 +82,9 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
         c, v, _ = d.mean_curve()
         label = f"{name} ({d.params / 1e6:.2g}M, {d.n_builds} build{'s' if d.n_builds > 1 else ''})"
         if name == fc.name:
-            ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual", zorder=5)
+            a = fc.actual or {}
+            so_far = "" if a.get("finished", True) else f" so far ({a['compute_reached']:.0%} of the compute)"
+            ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual{so_far}", zorder=5)
             continue
         ax.plot(c, v, "o", color=color, ms=3, alpha=0.7)
         f = by_name.get(name)
