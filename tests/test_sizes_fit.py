@@ -124,6 +124,8 @@ def test_a_size_whose_runs_have_not_ended_is_compared_so_far_and_its_a_is_not_cl
                forecast_lines(fc)), forecast_lines(fc)  # fmt: skip
     done = forecast_size(as_data(df), "e").actual
     assert done["finished"] is True and done["A_inside"] and done["compute_reached"] == 1.0
+    one_short = df.query("size != 'e' or seed != seed.max() or compute <= 0.5 * 153_600")  # its other runs ended
+    assert forecast_size(as_data(one_short), "e").actual["compute_reached"] == pytest.approx(0.5, abs=0.02)
     # a fitted size whose runs have not ended is named before its extrapolated A enters the laws
     cut = df.query("size != 'd' or compute <= 0.5 * 153_600")
     cut = cut.rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})

@@ -60,12 +60,15 @@ class SizeData:
 
 
 def compute_reached(data: Mapping[str, SizeData], name: str) -> float:
-    """How far size ``name``'s runs reach: its last compute over the furthest any other size reached (1.0
-    where it reaches as far, or has no others). A scale study gives every size one budget, so a share
-    under ``FINISHED_AT`` is a size whose runs have not finished: its fitted A extrapolates."""
-    others = [float(d.compute.max()) for k, d in data.items() if k != name and len(d.compute)]
-    full = max(others, default=0.0)
-    return float(data[name].compute.max()) / full if full > 0 else 1.0
+    """How far size ``name``'s runs reach: the last compute of its shortest run (a run: one seed of one
+    build) over the furthest any other size reached (1.0 where it reaches as far, or has no others). A
+    scale study gives every size one budget, so a share under ``FINISHED_AT`` is a size whose runs have
+    not all finished: its fitted A extrapolates."""
+    d = data[name]
+    runs = pd.DataFrame({"c": d.compute, "s": d.seed, "b": d.build if d.build is not None else ""})
+    shortest = float(runs.groupby(["b", "s"])["c"].max().min())
+    full = max((float(o.compute.max()) for k, o in data.items() if k != name and len(o.compute)), default=0.0)
+    return shortest / full if full > 0 else 1.0
 
 
 def size_data(curves: Mapping[str, tuple]) -> dict[str, SizeData]:
