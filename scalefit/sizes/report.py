@@ -51,7 +51,7 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
     ]
     if fc.actual is not None:
         a = fc.actual
-        so_far = not a.get("finished", True)
+        so_far = not a["finished"]
         if a.get("A") is not None:
             where = "inside" if a["A_inside"] else "outside"
             own = f"its own A {a['A']:.3f} (error {a['A_error']:+.3f}, {where} the interval)"
