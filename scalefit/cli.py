@@ -1,4 +1,4 @@
-"""Command line: ``python -m scalefit fit|compare|demo|sizes``."""
+"""Command line: ``python -m scalefit fit|compare|demo|sizes|judge``."""
 
 from __future__ import annotations
 

@@ -9,12 +9,15 @@ one concern a module, every import pointing down this list:
 - ``builds``: the between-build spread of A and the size trend stated with it (issue 62);
 - ``laws``: A, log C_mid, log B (and R0) as functions of the parameter count, their forms chosen by
   leave-one-size-out error, and draws of a new size's parameters from them;
+- ``actual``: a size's own runs against a forecast of them (coverage of the band by curve and by build, its
+  own A against the interval once its runs end);
 - ``forecast``: ``SizeForecast``, a ``scalefit.forecasts.interface.CurveForecast`` as every forecast is (bands,
   intervals, ``Verdict``, record), complete when built;
 - ``backtest``: each fitted size forecast from the others, and the coverage;
-- ``report``: the forecast in words and as a plot;
-- ``command``: the ``sizes`` subcommand, which ``scalefit.cli`` adds (the command line imports this room,
-  never the reverse).
+- ``judge``: a forecast committed before its size ran, read as written and judged on the runs that came after;
+- ``report``: the forecast and a judgment in words and as plots;
+- ``command``: the ``sizes`` and ``judge`` subcommands, which ``scalefit.cli`` adds (the command line imports
+  this room, never the reverse).
 
 A study's tables (``analysis.sizes``) and ``python -m scalefit sizes`` read it through the names below.
 """
@@ -23,6 +26,7 @@ from scalefit.sizes.backtest import SizesBacktest, backtest_sizes
 from scalefit.sizes.data import SizeData, read_sizes, size_data
 from scalefit.sizes.fits import A_GRID, SizeFit, fit_size
 from scalefit.sizes.forecast import SizeForecast, forecast_size
+from scalefit.sizes.judge import Committed, judge, read_committed
 from scalefit.sizes.laws import MIN_SIZES, Choice, choose_forms
 from scalefit.sizes.report import forecast_lines, plot_sizes
 
@@ -30,6 +34,7 @@ __all__ = [
     "A_GRID",
     "MIN_SIZES",
     "Choice",
+    "Committed",
     "SizeData",
     "SizeFit",
     "SizeForecast",
@@ -39,7 +44,9 @@ __all__ = [
     "fit_size",
     "forecast_lines",
     "forecast_size",
+    "judge",
     "plot_sizes",
+    "read_committed",
     "read_sizes",
     "size_data",
 ]

@@ -53,6 +53,17 @@ class SizeData:
             out[str(b)] = SizeData(self.params, self.compute[m], self.value[m], self.seed[m])
         return out
 
+    def shortest_run(self) -> float:
+        """The last compute of its shortest run (a run: one seed of one build)."""
+        runs = pd.DataFrame({"c": self.compute, "s": self.seed, "b": self.build if self.build is not None else ""})
+        return float(runs.groupby(["b", "s"])["c"].max().min())
+
+    def upto(self, compute: float) -> SizeData:
+        """Its evaluations at computes up to ``compute``."""
+        keep = self.compute <= compute * (1 + 1e-9)
+        build = self.build[keep] if self.build is not None else None
+        return SizeData(self.params, self.compute[keep], self.value[keep], self.seed[keep], build)
+
     def r0(self) -> float | None:
         """The base model's value (evaluations at compute 0), or None when it has none."""
         at0 = self.compute == 0
@@ -64,9 +75,7 @@ def compute_reached(data: Mapping[str, SizeData], name: str) -> float:
     build) over the furthest any other size reached (1.0 where it reaches as far, or has no others). A
     scale study gives every size one budget, so a share under ``FINISHED_AT`` is a size whose runs have
     not all finished: its fitted A extrapolates."""
-    d = data[name]
-    runs = pd.DataFrame({"c": d.compute, "s": d.seed, "b": d.build if d.build is not None else ""})
-    shortest = float(runs.groupby(["b", "s"])["c"].max().min())
+    shortest = data[name].shortest_run()
     full = max((float(o.compute.max()) for k, o in data.items() if k != name and len(o.compute)), default=0.0)
     return shortest / full if full > 0 else 1.0
 

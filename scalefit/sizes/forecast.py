@@ -23,8 +23,9 @@ from scalefit.errors import FitError
 from scalefit.forecasts.interface import CurveForecast, Verdict
 from scalefit.models.curve import sigmoid
 from scalefit.reasons import Reason
+from scalefit.sizes.actual import against_actual
 from scalefit.sizes.builds import build_sd_of_a, size_trend
-from scalefit.sizes.data import FINISHED_AT, SizeData, compute_reached
+from scalefit.sizes.data import SizeData, compute_reached
 from scalefit.sizes.fits import A_GRID, SizeFit, fit_size
 from scalefit.sizes.laws import MIN_SIZES, Choice, Misfit, law_draws, per_size
 
@@ -176,14 +177,21 @@ class SizeForecast(CurveForecast):
             "forms": self.choice.forms,
             "held_out_rmse": self.choice.loso_rmse,
             "fitted_sizes": {f.name: {"builds": f.n_builds, "parameters": f.params, **f.theta} for f in self.fits},
-            "curve": {
-                "compute": self.compute.tolist(),
-                "median": self.curve.tolist(),
-                "lo": self.lo.tolist(),
-                "hi": self.hi.tolist(),
-            },  # fmt: skip
+            "curve": self._curve_record(),
             "actual": self.actual,
         }
+
+    def _curve_record(self) -> dict[str, Any]:
+        """The curve and its band for a mean of ``n_seeds`` runs over ``n_builds`` builds; with several
+        builds also one build's band (a mean of its share of the runs), which ``judge`` holds each build's
+        curve against once the size has run."""
+        out: dict[str, Any] = {"compute": self.compute.tolist(), "median": self.curve.tolist(), "lo": self.lo.tolist(),
+                               "hi": self.hi.tolist(), "runs": self.n_seeds, "builds": self.n_builds}  # fmt: skip
+        if self.n_builds >= 2:
+            runs = max(1, round(self.n_seeds / self.n_builds))
+            lo, hi = self.prediction_band(self.compute, runs, builds=1)
+            out["one_build"] = {"runs": runs, "lo": lo.tolist(), "hi": hi.tolist()}
+        return out
 
 
 def _finite(c: float) -> float | None:
@@ -233,8 +241,8 @@ def forecast_size(
     q = (1 - level) / 2
     own_fit, actual = None, None
     if own is not None and (own.compute > 0).any():  # its runs so far (rows at compute 0 alone give its R0)
-        actual, own_fit = _against_actual(draws, target, own, (grid, curve), a, a_interval, a_grid, seed,
-                                          given.get(target), compute_reached(data, target))  # fmt: skip
+        actual, own_fit = against_actual(draws.band, target, own, (grid, curve), a, a_interval, a_grid, seed,
+                                         given.get(target), compute_reached(data, target))  # fmt: skip
     return SizeForecast(
         name=target, params=float(params), level=level, choice=choice, choices=choices, fits=sized, joint_b=joint,
         misfit=misfit, draws=draws, n_seeds=k, n_builds=nb, build_source=build_source,
@@ -329,54 +337,3 @@ def _ceiling_stalled(fits: list[SizeFit], forecast_a: float) -> Reason | None:
         return None
     numbers = {"top_A": top.theta["A"], "prev_A": prev.theta["A"], "spread": spread, "forecast_A": forecast_a}
     return Reason("stalled", numbers, {"top": top.name, "prev": prev.name})
-
-
-def _against_actual(
-    draws: SizeDraws,
-    name: str,
-    own: SizeData,
-    curve: tuple[np.ndarray, np.ndarray],
-    a: float,
-    a_interval: tuple[float, float],
-    a_grid,
-    seed: int,
-    own_fit: SizeFit | None = None,
-    reached: float = 1.0,
-) -> tuple[dict[str, Any], SizeFit | None]:
-    """The size's own runs against its forecast (``curve``: its grid and median): its own A (fitted on its
-    runs; with several builds, their mean), the error, whether the interval holds it, the share of its mean
-    curve's evaluations inside the band and, with several builds, of each build's mean curve inside the band
-    of one build; and its fit. Runs that reach less than ``FINISHED_AT`` of the other sizes' compute
-    (``reached``) are compared so far: the band's coverage of their evaluations, and no A, which a fit of
-    part of a curve would only extrapolate (results/scale-gpu3: large at 37% gave 0.706)."""
-    c, v, k = own.mean_curve()
-    lo, hi = draws.band(c, k)
-    rl = c > 0
-    inside = (v >= lo) & (v <= hi)
-    out: dict[str, Any] = {
-        "points": int(rl.sum()),
-        "band_coverage": float(inside[rl].mean()) if rl.any() else float("nan"),
-        "rmse": float(np.sqrt(np.mean((np.interp(c[rl], *curve) - v[rl]) ** 2))) if rl.any() else None,
-        "compute_reached": reached,
-        "finished": reached >= FINISHED_AT,
-    }
-    if own.n_builds >= 2:
-        by_build = {}
-        for b, sub in own.by_build().items():
-            cb, vb, kb = sub.mean_curve()
-            lo_b, hi_b = draws.band(cb, kb, builds=1)
-            if (cb > 0).any():
-                by_build[b] = float(((vb >= lo_b) & (vb <= hi_b))[cb > 0].mean())
-        out.update(band_coverage_by_build=by_build, band_coverage_builds_mean=float(np.mean(list(by_build.values()))))
-    if reached < FINISHED_AT:
-        note = f"its runs reach {reached:.0%} of the other sizes' compute: its A is not measured until they end"
-        out.update(A=None, A_error=None, A_inside=None, note=note)
-        return out, None
-    try:
-        own_fit = own_fit or fit_size(name, own, a_grid=a_grid, seed=seed)
-    except FitError as e:
-        out.update(A=None, A_error=None, A_inside=None, note=str(e))
-        return out, None
-    own_a = own_fit.theta["A"]
-    out.update(A=own_a, A_error=a - own_a, A_inside=bool(a_interval[0] <= own_a <= a_interval[1]))
-    return out, own_fit

@@ -1,5 +1,6 @@
 """The across-size forecast in words (``forecast_lines``: per size, the laws, the forecast and its verdict,
-its own runs against it, the size trend) and as a plot (``plot_sizes``); as data it is its ``to_dict``."""
+its own runs against it, the size trend) and as a plot (``plot_sizes``); as data it is its ``to_dict``. A
+committed forecast's judgment in words (``judge_lines``) and as a plot (``plot_judged``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from scalefit.models.curve import sigmoid
 from scalefit.sizes.builds import builds_lines, trend_lines
 from scalefit.sizes.data import SizeData
 from scalefit.sizes.forecast import SizeForecast
+from scalefit.sizes.judge import Committed
 
 
 def forecast_lines(fc: SizeForecast) -> list[str]:
@@ -50,31 +52,47 @@ def forecast_lines(fc: SizeForecast) -> list[str]:
         f"  {'predictable' if fc.verdict.predictable else 'not predictable'}: " + "; ".join(fc.verdict.reasons),
     ]
     if fc.actual is not None:
-        a = fc.actual
-        so_far = not a["finished"]
-        if a.get("A") is not None:
-            where = "inside" if a["A_inside"] else "outside"
-            own = f"its own A {a['A']:.3f} (error {a['A_error']:+.3f}, {where} the interval)"
-        else:
-            own = a.get("note", "") if so_far else f"its own fit failed ({a.get('note', '')})"
-        evals = f"{a['points']} evaluations" + (" so far" if so_far else "")
-        out.append(f"  actual{' so far' if so_far else ''}: {own}; band holds {a['band_coverage']:.0%} of its {evals}")
-        if "band_coverage_by_build" in a:
-            each = ", ".join(f"{b} {v:.0%}" for b, v in a["band_coverage_by_build"].items())
-            out.append(f"  by build (each against one build's band): {each}; mean {a['band_coverage_builds_mean']:.0%}")
+        out += actual_lines(fc.actual)
     if fc.trend:
         out += trend_lines(fc.trend)
+    return out
+
+
+def actual_lines(a: dict, one_build_band: bool = True) -> list[str]:
+    """A size's own runs against its forecast (``actual.against_actual``'s record) in words."""
+    so_far = not a["finished"]
+    if a.get("A") is not None:
+        where = "inside" if a["A_inside"] else "outside"
+        own = f"its own A {a['A']:.3f} (error {a['A_error']:+.3f}, {where} the interval)"
+    else:
+        own = a.get("note", "") if so_far else f"its own fit failed ({a.get('note', '')})"
+    evals = f"{a['points']} evaluations" + (" so far" if so_far else "")
+    out = [f"  actual{' so far' if so_far else ''}: {own}; band holds {a['band_coverage']:.0%} of its {evals}"]
+    if "band_coverage_by_build" in a:
+        each = ", ".join(f"{b} {v:.0%}" for b, v in a["band_coverage_by_build"].items())
+        against = "one build's band" if one_build_band else "the mean's band: the record holds no one-build band"
+        out.append(f"  by build (each against {against}): {each}; mean {a['band_coverage_builds_mean']:.0%}")
+    return out
+
+
+def judge_lines(j: dict) -> list[str]:
+    """A committed forecast's judgment (``judge.judge``'s record) in words."""
+    c = j["committed"]
+    lo, hi = c["A_interval"]
+    verdict = {True: "predictable", False: "not predictable", None: "no verdict recorded"}[c.get("predictable")]
+    out = [f"committed forecast of {j['size']} ({j['forecast']}): A {c['A']:.3f} [{lo:.3f}, {hi:.3f}] "
+           f"({c['level']:.0%}); {verdict}",
+           f"  its median against the mean curve: RMSE {j['rmse']:.3f} over {j['points']} evaluations"]  # fmt: skip
+    out += actual_lines(j, j["one_build_band"])
+    if j["beyond_forecast"]:
+        out.append(f"  not judged: {j['beyond_forecast']} evaluation compute(s) past the forecast's curve")
     return out
 
 
 def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path) -> Path:
     """Every size's mean curve (points) and fit (line), the forecast's median and band, and the forecast
     size's own curve drawn over it when it exists."""
-    import matplotlib  # noqa: PLC0415 - only the plot needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     colors = plt.cm.viridis(np.linspace(0, 0.9, len(data)))
     by_name = {f.name: f for f in fc.fits}
@@ -97,13 +115,53 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
     ax.fill_between(fc.compute, fc.lo, fc.hi, color="crimson", alpha=0.15, label=band)
     ax.plot(fc.compute, fc.curve, "--", color="crimson", label=f"{fc.name}: forecast, A {fc.A:.3f}")
     ax.axhline(fc.passes.level, color="gray", lw=0.8, ls=":")
+    return _save(fig, ax, f"across sizes: fits, and the forecast of {fc.name}", path)
+
+
+def plot_judged(committed: Committed, own: SizeData, j: dict, path: str | Path) -> Path:
+    """The committed forecast's median and band (and one build's band, where recorded) with the size's runs
+    over them as judged: its mean curve and each build's, where every run has reached on the committed curve."""
+    plt = _pyplot()
+    rec, c = committed.record, committed.compute
+    own = own.upto(c[-1])
+    own = own.upto(own.shortest_run())
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.fill_between(c, rec["curve"]["lo"], rec["curve"]["hi"], color="crimson", alpha=0.15,
+                    label=f"committed {rec['level']:.0%} band (the mean)")  # fmt: skip
+    if committed.one_build:
+        ob = committed.one_build
+        ax.plot(c, ob["lo"], ":", color="crimson", lw=0.8, label="committed band of one build")
+        ax.plot(c, ob["hi"], ":", color="crimson", lw=0.8)
+    ax.plot(c, rec["curve"]["median"], "--", color="crimson", label=f"committed median, A {rec['A']:.3f}")
+    if own.n_builds >= 2:
+        for b, sub in own.by_build().items():
+            cb, vb, _ = sub.mean_curve()
+            ax.plot(cb, vb, ".-", lw=0.6, ms=3, alpha=0.6, label=f"build {b}")
+    cm, vm, _ = own.mean_curve()
+    so_far = "" if j["finished"] else f" so far ({j['compute_reached']:.0%} of the compute)"
+    ax.plot(cm, vm, "o-", color="black", ms=4, lw=1, label=f"{j['size']}: actual{so_far}", zorder=5)
+    return _save(fig, ax, f"{j['size']}: the committed forecast and its runs", path)
+
+
+def _pyplot():
+    """matplotlib's pyplot on the file backend (only the plots need it)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def _save(fig, ax, title: str, path: str | Path) -> Path:
+    """Axes labelled and titled, the figure written to ``path`` (its folder made) and closed."""
     ax.set_xlabel("compute")
     ax.set_ylabel("mean@16")
-    ax.set_title(f"across sizes: fits, and the forecast of {fc.name}")
+    ax.set_title(title)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return out
