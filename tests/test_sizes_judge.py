@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from scalefit.cli import main
-from tests.test_sizes_builds import N, runs
+from tests.test_sizes_builds import A_of, N, runs
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,29 @@ def test_runs_short_of_the_forecast_are_judged_so_far_and_runs_past_it_are_not_j
     capsys.readouterr()
     assert main(["judge", str(tmp_path / "h.json"), _csv(df, tmp_path / "all.csv")]) == 0
     out = capsys.readouterr().out
-    assert "not judged: 15 evaluation compute(s) past the forecast's curve" in out and "actual:" in out, out
+    assert "not judged: 90 evaluations past the forecast's curve" in out and "actual:" in out, out
+    # its A is fitted on all of e's runs, which reach the other sizes' budget, not on the half the band covers
+    own_a = float(out.split("its own A ")[1].split()[0])
+    assert own_a == pytest.approx(A_of(N["e"]), abs=0.04), out
+
+
+def test_a_run_just_started_and_runs_unlike_the_committed_mean_are_said_not_silently_judged(study, tmp_path, capsys):
+    """A run with nothing past its first evaluation (launched or retried) carries only its R0: the curves are
+    compared where the runs that started have reached. A CSV holding other runs than the forecast was made for
+    (one build of three) is judged against the committed mean's band and interval, with a warning."""
+    tmp, df, _ = study
+    e = df["size"] == "e"
+    last = e & (df["seed"] == df.loc[e, "seed"].max())
+    fresh = _csv(df[~last | (df["compute"] == 0)], tmp_path / "fresh.csv")
+    assert main(["judge", str(tmp / "forecast.json"), fresh, "--json", str(tmp_path / "j.json")]) == 0
+    j = json.loads((tmp_path / "j.json").read_text())
+    assert j["points"] == 30 and not j["finished"] and j["band_coverage"] >= 0.8, j
+    assert main(["sizes", fresh, "--holdout", "e"]) == 0  # the forecast made again compares them the same way
+    assert "band holds " in capsys.readouterr().out
+    one = _csv(df[~e | (df["build"] == "b0")], tmp_path / "one.csv")
+    assert main(["judge", str(tmp / "forecast.json"), one]) == 0
+    assert ("warning: the forecast was committed for a mean of 6 runs over 3 build(s); the curves hold 2 over 1"
+            in capsys.readouterr().out)  # fmt: skip
 
 
 def test_bad_input_is_one_line_naming_the_fix(study, tmp_path, capsys):
@@ -94,6 +116,19 @@ def test_bad_input_is_one_line_naming_the_fix(study, tmp_path, capsys):
         "other": "size 'z' has no runs in the curves (a, b, c, d, e)",
     }
     (tmp_path / "fit").write_text(json.dumps({"A": 0.8, "verdict": {}}))  # what `scalefit fit --json` has
+    record = json.loads((tmp / "forecast.json").read_text())
+    edits = {
+        "A_interval": ({"A_interval": [None, None]}, "A_interval is [None, None], not [lo, hi]"),
+        "level": ({"level": 90}, "level is 90, not a number in (0, 1)"),
+        "lo": ({"curve": {**record["curve"], "lo": record["curve"]["lo"][:-1]}}, "curve.lo: not 101 numbers"),
+        "start": ({"curve": {**record["curve"], "compute": [1.0, *record["curve"]["compute"][1:]]}},
+                  "curve.compute must start at 0 and rise"),
+        "one": ({"curve": {**record["curve"], "one_build": {}}},
+                "curve.one_build.lo, curve.one_build.hi: not 101 numbers"),
+    }  # fmt: skip
+    for name, (edit, message) in edits.items():
+        (tmp_path / name).write_text(json.dumps({**record, **edit}))
+        cases[name] = message
     (tmp_path / "other").write_text((tmp / "forecast.json").read_text().replace('"size": "e"', '"size": "z"'))
     for name, message in cases.items():
         path = name if name.startswith("/") else str(tmp_path / name)

@@ -35,6 +35,7 @@ def against_actual(
     seed: int = 0,
     own_fit: SizeFit | None = None,
     reached: float = 1.0,
+    upto: float = np.inf,
 ) -> tuple[dict[str, Any], SizeFit | None]:
     """The size's own runs against its forecast (``curve``: the forecast's compute grid and median): its own
     A (fitted on its runs; with several builds, their mean), the error, whether the interval holds it, the
@@ -42,10 +43,11 @@ def against_actual(
     curve inside the band of one build; and its fit. Runs that reach less than ``FINISHED_AT`` of the other
     sizes' compute (``reached``) are compared so far: the band's coverage of their evaluations, and no A,
     which a fit of part of a curve would only extrapolate (results/scale-gpu3: large at 37% gave 0.706).
-    The curves are compared where every run has reached (to the shortest run's end): past it a mean would
-    average fewer runs, a different set at each compute."""
+    The curves are compared where every run has reached (to the shortest run's end; a run with nothing past
+    compute 0 left out) and up to ``upto`` (the forecast's last compute): past it a mean would average fewer
+    runs, a different set at each compute. A is fitted on all of them."""
     whole = own
-    own = own.upto(own.shortest_run())
+    own = own.upto(min(upto, own.compared_upto()))
     c, v, k = own.mean_curve()
     lo, hi = band(c, k)
     rl = c > 0

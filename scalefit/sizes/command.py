@@ -11,6 +11,7 @@ import time
 
 from scalefit.data.outputs import check_writable, write_json
 from scalefit.errors import FitError
+from scalefit.models.grids import parse_grid
 from scalefit.sizes.backtest import backtest_sizes
 from scalefit.sizes.data import FINISHED_AT, compute_reached, read_sizes
 from scalefit.sizes.fits import A_GRID, fit_size
@@ -62,6 +63,7 @@ def cmd_judge(args) -> int:
     check_writable(args.plot, "--plot")
     say = functools.partial(print, file=sys.stderr if args.json == "-" else sys.stdout)
     committed = read_committed(args.forecast)
+    parse_grid(args.a_grid, name="--a-grid", kind="step")
     data = read_sizes(args.csv, args.x, args.y, args.size_col, args.params_col, args.build_col)
     j = judge(committed, data, args.size, a_grid=args.a_grid)
     say("\n".join(judge_lines(j)))

@@ -53,10 +53,20 @@ class SizeData:
             out[str(b)] = SizeData(self.params, self.compute[m], self.value[m], self.seed[m])
         return out
 
-    def shortest_run(self) -> float:
-        """The last compute of its shortest run (a run: one seed of one build)."""
+    def run_ends(self) -> pd.Series:
+        """Each run's last compute (a run: one seed of one build)."""
         runs = pd.DataFrame({"c": self.compute, "s": self.seed, "b": self.build if self.build is not None else ""})
-        return float(runs.groupby(["b", "s"])["c"].max().min())
+        return runs.groupby(["b", "s"])["c"].max()
+
+    def shortest_run(self) -> float:
+        """The last compute of its shortest run."""
+        return float(self.run_ends().min())
+
+    def compared_upto(self) -> float:
+        """Where its curves are compared: the end of its shortest run that has an evaluation past compute 0 (a
+        run with only its first evaluation gives its R0 and nothing else), 0 where none has."""
+        ends = self.run_ends()
+        return float(ends[ends > 0].min()) if (ends > 0).any() else 0.0
 
     def upto(self, compute: float) -> SizeData:
         """Its evaluations at computes up to ``compute``."""

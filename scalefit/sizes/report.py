@@ -85,8 +85,8 @@ def judge_lines(j: dict) -> list[str]:
            f"  its median against the mean curve: RMSE {j['rmse']:.3f} over {j['points']} evaluations"]  # fmt: skip
     out += actual_lines(j, j["one_build_band"])
     if j["beyond_forecast"]:
-        out.append(f"  not judged: {j['beyond_forecast']} evaluation compute(s) past the forecast's curve")
-    return out
+        out.append(f"  not judged: {j['beyond_forecast']} evaluations past the forecast's curve")
+    return out + [f"  warning: {w}" for w in j["warnings"]]
 
 
 def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path) -> Path:
