@@ -203,6 +203,11 @@ def test_the_forecast_is_written_as_data_to_commit_before_the_size_runs(tmp_path
             [],
             "line 5: column 'val/mean_at_16' \\(1.5\\) lies outside \\[0, 1\\]",
         ),
+        (  # builds whose seeds are numbered alike: one seed's rows under two builds, two runs taken for one
+            lambda df: df.assign(build=["b0", "b1"] * (len(df) // 2) + ["b0"] * (len(df) % 2)),
+            [],
+            r"size 'a': seed \S+ appears under 2 builds; a run is one seed of one build",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_naming_the_fix(tmp_path, capsys, edit, args, message):

@@ -124,6 +124,13 @@ def read_sizes(
     if df is not None and params_col not in df.columns:
         raise FitError(f"{path}: no column {params_col!r}: each row needs its size's parameter count "
                        f"(`python -m analysis fit CAMPAIGN` writes it for a scale campaign)")  # fmt: skip
+    if df is not None and {size_col, "seed", build_col} <= set(df.columns):
+        spans = df.groupby([size_col, "seed"])[build_col].nunique()
+        if (spans > 1).any():
+            (size, seed), n = spans[spans > 1].index[0], int(spans[spans > 1].iloc[0])
+            raise FitError(f"{path}: size {size!r}: seed {seed} appears under {n} builds; a run is one seed of one "
+                           "build, so number each build's seeds apart (a scale campaign runs seed S of build B "
+                           "as B·1000+S)")  # fmt: skip
     curves = read_curves(path, x, y, size_col, "seed" if df is not None and "seed" in df.columns else None)
     if size_col not in df.columns:
         raise FitError(f"{path}: no column {size_col!r}: each row needs the size of the model that made it")
