@@ -5,8 +5,8 @@ verdict) to commit before the size runs. Once it has run, ``judge`` reads that r
 the size's runs against it: the band's coverage of the mean curve's evaluations and of each build's, the
 median's error, and, once the runs have ended, the size's own A (the one thing fitted) against the
 committed A and interval. Nothing else is refitted, so the judgment is of the forecast that was
-committed, not of what today's code would forecast. Runs past the committed curve's compute are not
-judged; runs short of it are judged so far, as ``actual`` says."""
+committed, not of what today's code would forecast. Evaluations past the committed curve's compute are
+not judged; runs short of the other sizes' compute are judged so far, as ``actual`` says."""
 
 from __future__ import annotations
 
