@@ -46,8 +46,7 @@ def against_actual(
     The curves are compared where every run has reached (to the shortest run's end; a run with nothing past
     compute 0 left out) and up to ``upto`` (the forecast's last compute): past it a mean would average fewer
     runs, a different set at each compute. A is fitted on all of them."""
-    whole = own
-    own = own.upto(min(upto, own.compared_upto()))
+    whole, own = own, own.compared(upto)
     c, v, k = own.mean_curve()
     lo, hi = band(c, k)
     rl = c > 0

@@ -58,15 +58,12 @@ class SizeData:
         runs = pd.DataFrame({"c": self.compute, "s": self.seed, "b": self.build if self.build is not None else ""})
         return runs.groupby(["b", "s"])["c"].max()
 
-    def shortest_run(self) -> float:
-        """The last compute of its shortest run."""
-        return float(self.run_ends().min())
-
-    def compared_upto(self) -> float:
-        """Where its curves are compared: the end of its shortest run that has an evaluation past compute 0 (a
-        run with only its first evaluation gives its R0 and nothing else), 0 where none has."""
+    def compared(self, upto: float = np.inf) -> SizeData:
+        """Its evaluations where its curves are compared with a forecast: up to ``upto`` and to the end of its
+        shortest run that has an evaluation past compute 0 (past it a mean would average fewer runs, a
+        different set at each compute; a run with only its first evaluation gives its R0 and nothing else)."""
         ends = self.run_ends()
-        return float(ends[ends > 0].min()) if (ends > 0).any() else 0.0
+        return self.upto(min(upto, float(ends[ends > 0].min()) if (ends > 0).any() else 0.0))
 
     def upto(self, compute: float) -> SizeData:
         """Its evaluations at computes up to ``compute``."""
@@ -80,13 +77,14 @@ class SizeData:
         return float(self.value[at0].mean()) if at0.any() else None
 
 
-def compute_reached(data: Mapping[str, SizeData], name: str) -> float:
+def compute_reached(data: Mapping[str, SizeData], name: str, at_least: float = 0.0) -> float:
     """How far size ``name``'s runs reach: the last compute of its shortest run (a run: one seed of one
-    build) over the furthest any other size reached (1.0 where it reaches as far, or has no others). A
-    scale study gives every size one budget, so a share under ``FINISHED_AT`` is a size whose runs have
-    not all finished: its fitted A extrapolates."""
-    shortest = data[name].shortest_run()
+    build) over the furthest any other size reached, or ``at_least`` where that is further (1.0 where it
+    reaches as far, or there is nothing to reach). A scale study gives every size one budget, so a share
+    under ``FINISHED_AT`` is a size whose runs have not all finished: its fitted A extrapolates."""
+    shortest = float(data[name].run_ends().min())
     full = max((float(o.compute.max()) for k, o in data.items() if k != name and len(o.compute)), default=0.0)
+    full = max(full, at_least)
     return shortest / full if full > 0 else 1.0
 
 

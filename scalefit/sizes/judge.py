@@ -20,7 +20,7 @@ import numpy as np
 
 from scalefit.errors import FitError
 from scalefit.sizes.actual import against_actual
-from scalefit.sizes.data import SizeData
+from scalefit.sizes.data import SizeData, compute_reached
 from scalefit.sizes.fits import A_GRID
 
 REQUIRED = ("size", "A", "A_interval", "level", "curve")
@@ -84,7 +84,7 @@ def _numbers(x: Any, n: int | None = None) -> bool:
 
 def _problem(record: dict[str, Any]) -> str | None:
     """What is wrong with a record's fields, or None."""
-    if not isinstance(record["A"], int | float) or isinstance(record["A"], bool) or not np.isfinite(record["A"]):
+    if not _numbers([record["A"]]):
         return f"A is {record['A']!r}, not a number"
     if not _numbers(record["A_interval"], 2) or record["A_interval"][0] > record["A_interval"][1]:
         return f"A_interval is {record['A_interval']!r}, not [lo, hi]"
@@ -121,8 +121,7 @@ def judge(committed: Committed, data: Mapping[str, SizeData], size: str | None =
     own, end, rec = data[name], float(committed.compute[-1]), committed.record
     if not (own.upto(end).compute > 0).any():
         raise FitError(f"size {name!r} has no evaluation past compute 0 within the forecast's curve (to {end:g})")
-    others = [float(d.compute.max()) for k, d in data.items() if k != name and len(d.compute)]
-    reached = min(1.0, own.shortest_run() / max([end, *others]))
+    reached = min(1.0, compute_reached(data, name, at_least=end))
     median = (committed.compute, np.asarray(rec["curve"]["median"], float))
     actual, _ = against_actual(committed.band, name, own, median, float(rec["A"]), tuple(rec["A_interval"]), a_grid,
                                reached=reached, upto=end)  # fmt: skip
@@ -131,7 +130,7 @@ def judge(committed: Committed, data: Mapping[str, SizeData], size: str | None =
         "size": name,
         "committed": {k: rec.get(k) for k in ("A", "A_interval", "level", "predictable", "reasons")},
         "one_build_band": committed.one_build is not None,
-        "beyond_forecast": int((own.compute > end * (1 + 1e-9)).sum()),
+        "beyond_forecast": len(own.compute) - len(own.upto(end).compute),
         "warnings": _mismatches(rec, own),
         **actual,
     }

@@ -123,8 +123,7 @@ def plot_judged(committed: Committed, own: SizeData, j: dict, path: str | Path) 
     over them as judged: its mean curve and each build's, where every run has reached on the committed curve."""
     plt = _pyplot()
     rec, c = committed.record, committed.compute
-    own = own.upto(c[-1])
-    own = own.upto(own.shortest_run())
+    own = own.compared(c[-1])
     fig, ax = plt.subplots(figsize=(8, 5))
     ax.fill_between(c, rec["curve"]["lo"], rec["curve"]["hi"], color="crimson", alpha=0.15,
                     label=f"committed {rec['level']:.0%} band (the mean)")  # fmt: skip
