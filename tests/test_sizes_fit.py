@@ -294,11 +294,11 @@ def test_a_law_that_predicted_its_few_held_out_sizes_still_carries_a_misfit_that
     assert np.diff(many.interval("A"))[0] < np.diff(few.interval("A"))[0]
 
 
-@pytest.mark.parametrize("study", ["scale-gpu3/sizes-smaller.csv", "scale-gpu2/sizes.csv", "scale-gpu/sizes.csv"])
+@pytest.mark.parametrize("study", ["scale-gpu3/sizes.csv", "scale-gpu2/sizes.csv", "scale-gpu/sizes.csv"])
 def test_the_backtest_bands_of_the_recorded_studies_hold_near_their_level(study):
     """Each size of the recorded across-size studies forecast from the others: the 90% band holds at least
     80% of their evaluations (before issue 62's misfit prior and Student's t: 52%, 81%, 75%). scale-gpu3
-    was held out when the prior was set, on the other two."""
+    was held out when the prior was set, on the other two; its large ran after (98% with it, 5 folds)."""
     from scalefit.sizes.data import read_sizes
 
     bt = backtest_sizes(read_sizes(str(ROOT / "results" / study), "compute/samples", "val/mean_at_16"))
