@@ -156,6 +156,21 @@ def test_the_command_forecasts_the_largest_backtests_and_plots(tmp_path, capsys)
     assert "* held-out RMSE" in out and "fit RSS" in out
 
 
+def test_once_the_held_out_size_has_run_the_backtest_can_hold_it_out_too(tmp_path, capsys):
+    """results/scale-gpu3: after large ran, the study's backtest over all five sizes (each from the other four)
+    had to be computed in Python. ``--backtest-all`` folds the held-out size in, once its runs have ended."""
+    df = runs().rename(columns={"compute": "compute/samples", "value": "val/mean_at_16"})
+    df.to_csv(tmp_path / "c.csv", index=False)
+    assert main(["sizes", str(tmp_path / "c.csv"), "--backtest-all"]) == 0
+    out = capsys.readouterr().out
+    assert "leave-one-size-out backtest: 5 size(s) forecast from the others" in out
+    assert re.search(r"^  e +band \d+% of 30, A 0\.\d+ vs", out, re.M), out  # the held-out size is a fold
+    df[(df["size"] != "e") | (df["compute/samples"] <= 0.4 * 153_600)].to_csv(tmp_path / "early.csv", index=False)
+    assert main(["sizes", str(tmp_path / "early.csv"), "--backtest-all"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("error: --backtest-all: the held-out size 'e': its runs reach 40%"), err
+
+
 def test_the_forecast_is_written_as_data_to_commit_before_the_size_runs(tmp_path, capsys):
     """results/scale-gpu committed large's forecast as printed text and a plot: its curve and band had no
     numbers. ``--json`` writes them, A with its interval, where it passes, the verdict, as strict JSON."""

@@ -33,6 +33,10 @@ def cmd_sizes(args) -> int:
     if target not in data and args.params is None:
         raise FitError(f"--holdout {target!r} is not a size of {args.csv} ({', '.join(data)}); give --params N to "
                        "forecast a size that has no runs")  # fmt: skip
+    if args.backtest_all and (target not in data or (reached := compute_reached(data, target)) < FINISHED_AT):
+        ran = " has no runs" if target not in data else f": its runs reach {reached:.0%} of the other sizes' compute"
+        raise FitError(f"--backtest-all: the held-out size {target!r}{ran}; it joins the backtest once its runs "
+                       "have ended: leave the flag out until then")  # fmt: skip
     for name in data:
         if name != target and (reached := compute_reached(data, name)) < FINISHED_AT:
             say(f"warning: size {name!r}'s runs reach {reached:.0%} of the other sizes' compute: its fitted A "
@@ -47,9 +51,9 @@ def cmd_sizes(args) -> int:
     seconds = time.perf_counter() - t0
     say("\n".join(forecast_lines(fc)))
     say(f"(across-size fits and forecast: {seconds:.2f} s)")
-    fitted = {k: d for k, d in data.items() if k != target}
-    if len(fitted) > MIN_SIZES + 1:
-        say("\n".join(backtest_sizes(fitted, fits=fits, **kw).lines()))
+    folds = data if args.backtest_all else {k: d for k, d in data.items() if k != target}
+    if len(folds) > MIN_SIZES + 1:
+        say("\n".join(backtest_sizes(folds, fits=fits, **kw).lines()))
     if args.plot:
         path = plot_sizes(data, fc, args.plot)
         say(f"plot: {path}")
@@ -106,6 +110,9 @@ def add_parser(sub) -> None:
     p.add_argument("--tolerance", type=float, default=0.03, help="held-out error and A half-width a predictable "
                    "forecast stays within (default: 0.03)")  # fmt: skip
     p.add_argument("--a-grid", default=A_GRID, metavar="LO:HI:STEP", help=f"per-size A grid (default: {A_GRID})")
+    p.add_argument("--backtest-all", action="store_true", help="once the held-out size's runs have ended, "
+                   "backtest every size, it too, each from all the others (default: the fitted sizes alone, as "
+                   "before it ran)")  # fmt: skip
     p.add_argument("--plot", metavar="PATH.png", help="every size's points and fits, the forecast band, the actual")
     p.add_argument("--json", metavar="PATH|-", help="the forecast as JSON (its curve and band, A and its "
                    "interval, where it passes the largest fitted A, the verdict): commit it before the size "
