@@ -144,6 +144,9 @@ def test_the_leave_one_size_out_backtest_states_its_coverage():
     interior = bt.rows[bt.rows["size"].isin(["c", "d", "e"])]
     assert (interior["band_coverage"] >= 0.8).all(), interior
     assert bt.lines()[0].startswith("leave-one-size-out backtest: 6 size(s) forecast from the others; 90% band holds")
+    laws, plain = bt.a_rmse()  # the truth follows the laws: they beat taking the nearest size's A for one's own
+    assert laws < plain and bt.lines()[1] == f"  A's RMS error: the laws {laws:.3f}; the nearest size's A taken " \
+        f"for its own {plain:.3f}", bt.lines()  # fmt: skip
 
 
 def test_the_command_forecasts_the_largest_backtests_and_plots(tmp_path, capsys):
@@ -307,6 +310,19 @@ def test_a_law_that_predicted_its_few_held_out_sizes_still_carries_a_misfit_that
         assert fc.misfit["A"].sd >= 0.99 * floor and fc.misfit["A"].dof == folds + MISFIT_PRIOR_FOLDS
     assert many.misfit["A"].sd < few.misfit["A"].sd
     assert np.diff(many.interval("A"))[0] < np.diff(few.interval("A"))[0]
+
+
+def test_the_backtest_says_where_the_laws_do_not_beat_the_nearest_sizes_a():
+    """results/scale-gpu3 over its five sizes: the laws' A erred by 0.107 RMS, taking the nearest size's A for
+    one's own by 0.079. Laws that do not generalise past a plain rule are said to, beside the coverage."""
+    from scalefit.sizes.data import read_sizes
+
+    bt = backtest_sizes(read_sizes(str(ROOT / "results" / "scale-gpu3" / "sizes.csv"), "compute/samples",
+                                   "val/mean_at_16"))  # fmt: skip
+    laws, plain = bt.a_rmse()
+    assert laws == pytest.approx(0.107, abs=0.005) and plain == pytest.approx(0.079, abs=0.005), bt.lines()
+    assert bt.lines()[1].endswith("(the laws do not beat that plain rule)"), bt.lines()
+    assert bt.rows.set_index("size").loc["large", "A_nearest"] == pytest.approx(0.762, abs=0.005)  # medium's A
 
 
 @pytest.mark.parametrize("study", ["scale-gpu3/sizes.csv", "scale-gpu2/sizes.csv", "scale-gpu/sizes.csv"])

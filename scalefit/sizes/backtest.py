@@ -1,7 +1,8 @@
 """The leave-one-size-out backtest (``backtest_sizes``): each fitted size forecast from all the others by
 the same procedure as any size (``forecast_size``, the forms chosen again without it), read as any forecast
 is (its ``interval``, its ``Verdict``) and scored against its own runs: the band's coverage of its
-evaluations and A inside its interval."""
+evaluations and A inside its interval, and its A's error beside a plain rule's: the nearest size's A (in
+log N) taken for its own, which laws that generalise should beat."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from scalefit.sizes.data import SizeData
@@ -35,12 +37,26 @@ class SizesBacktest:
         r = self.rows.dropna(subset=["A_inside"])
         return int(r["A_inside"].astype(bool).sum()), len(r)
 
+    def a_rmse(self) -> tuple[float, float]:
+        """A's RMS error over the folds: the laws', and the plain rule's (the nearest size's A for its own)."""
+        r = self.rows.dropna(subset=["A"])
+        if not len(r):
+            return float("nan"), float("nan")
+        laws, plain = r["A_forecast"] - r["A"], r["A_nearest"] - r["A"]
+        return float(np.sqrt(np.mean(laws**2))), float(np.sqrt(np.mean(plain**2)))
+
     def lines(self) -> list[str]:
         hit, n = self.a_hits
         out = [
             f"leave-one-size-out backtest: {len(self.rows)} size(s) forecast from the others; "
             f"{self.level:.0%} band holds {self.coverage:.0%} of their evaluations; A inside its interval {hit}/{n}"
         ]
+        laws, plain = self.a_rmse()
+        if np.isfinite(laws):
+            out.append(
+                f"  A's RMS error: the laws {laws:.3f}; the nearest size's A taken for its own {plain:.3f}"
+                + ("" if laws < plain else " (the laws do not beat that plain rule)")
+            )
         for r in self.rows.itertuples():
             a = "" if pd.isna(r.A) else f", A {r.A:.3f} vs {r.A_forecast:.3f} ({r.A_error:+.3f})"
             out.append(
@@ -63,6 +79,7 @@ def backtest_sizes(
             break
         fc = forecast_size(data, name, fits=fits, **kw)
         act = fc.actual or {}
+        nearest = min((k for k in data if k != name), key=lambda k: abs(np.log(data[k].params / data[name].params)))
         a_lo, a_hi = fc.interval("A")
         rows.append(
             {
@@ -74,6 +91,7 @@ def backtest_sizes(
                 "A": act.get("A"),
                 "A_error": act.get("A_error"),
                 "A_inside": act.get("A_inside"),
+                "A_nearest": fits[nearest].theta["A"],
                 "band_coverage": act.get("band_coverage"),
                 "points": act.get("points", 0),
                 "rmse": act.get("rmse"),
