@@ -2,7 +2,7 @@
 the same procedure as any size (``forecast_size``, the forms chosen again without it), read as any forecast
 is (its ``interval``, its ``Verdict``) and scored against its own runs: the band's coverage of its
 evaluations and A inside its interval, and its A's error beside a plain rule's: the nearest size's A (in
-log N) taken for its own, which laws that generalise should beat."""
+log N, among sizes whose runs have ended) taken for its own, which laws that generalise should beat."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from scalefit.sizes.data import SizeData
+from scalefit.sizes.data import FINISHED_AT, SizeData, compute_reached
 from scalefit.sizes.fits import A_GRID, SizeFit, fit_size
 from scalefit.sizes.forecast import forecast_size
 from scalefit.sizes.laws import MIN_SIZES
@@ -39,7 +39,7 @@ class SizesBacktest:
 
     def a_rmse(self) -> tuple[float, float]:
         """A's RMS error over the folds: the laws', and the plain rule's (the nearest size's A for its own)."""
-        r = self.rows.dropna(subset=["A"])
+        r = self.rows.dropna(subset=["A", "A_nearest"])
         if not len(r):
             return float("nan"), float("nan")
         laws, plain = r["A_forecast"] - r["A"], r["A_nearest"] - r["A"]
@@ -79,7 +79,9 @@ def backtest_sizes(
             break
         fc = forecast_size(data, name, fits=fits, **kw)
         act = fc.actual or {}
-        nearest = min((k for k in data if k != name), key=lambda k: abs(np.log(data[k].params / data[name].params)))
+        others = [k for k in data if k != name]
+        ended = [k for k in others if compute_reached(data, k) >= FINISHED_AT] or others
+        nearest = min(ended, key=lambda k: abs(np.log(data[k].params / data[name].params)))
         a_lo, a_hi = fc.interval("A")
         rows.append(
             {
