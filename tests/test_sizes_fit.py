@@ -16,6 +16,7 @@ from scalefit.data.synthetic import size_runs
 from scalefit.errors import FitError
 from scalefit.models.curve import sigmoid
 from scalefit.sizes import backtest_sizes, choose_forms, fit_size, forecast_lines, forecast_size, size_data
+from scalefit.sizes.data import reach_text
 
 ROOT = Path(__file__).resolve().parents[1]
 N = {"a": 0.46e6, "b": 1.67e6, "c": 5.3e6, "d": 14.2e6, "e": 25.8e6}
@@ -175,6 +176,7 @@ def test_once_the_held_out_size_has_run_the_backtest_can_hold_it_out_too(tmp_pat
     df[df["size"] != "e"].to_csv(tmp_path / "before.csv", index=False)
     assert main(["sizes", str(tmp_path / "before.csv"), "--holdout", "e", "--params", "25.8e6", "--backtest-all"]) == 2
     assert capsys.readouterr().err.startswith("error: --backtest-all: the held-out size 'e' has no runs;")
+    assert reach_text(0.946) == "94%" and reach_text(0.4) == "40%"  # short of FINISHED_AT (95%) never reads 95%
 
 
 def test_the_forecast_is_written_as_data_to_commit_before_the_size_runs(tmp_path, capsys):

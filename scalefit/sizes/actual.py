@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from scalefit.errors import FitError
-from scalefit.sizes.data import FINISHED_AT, SizeData
+from scalefit.sizes.data import FINISHED_AT, SizeData, reach_text
 from scalefit.sizes.fits import SizeFit, fit_size
 
 
@@ -67,7 +67,7 @@ def against_actual(
                 by_build[b] = float(((vb >= lo_b) & (vb <= hi_b))[cb > 0].mean())
         out.update(band_coverage_by_build=by_build, band_coverage_builds_mean=float(np.mean(list(by_build.values()))))
     if reached < FINISHED_AT:
-        note = f"its runs reach {reached:.0%} of the other sizes' compute: its A is not measured until they end"
+        note = f"its runs reach {reach_text(reached)} of the other sizes' compute: its A is not measured until they end"
         out.update(A=None, A_error=None, A_inside=None, note=note)
         return out, None
     try:

@@ -13,7 +13,7 @@ from scalefit.data.outputs import check_writable, write_json
 from scalefit.errors import FitError
 from scalefit.models.grids import parse_grid
 from scalefit.sizes.backtest import backtest_sizes
-from scalefit.sizes.data import FINISHED_AT, compute_reached, read_sizes
+from scalefit.sizes.data import FINISHED_AT, compute_reached, reach_text, read_sizes
 from scalefit.sizes.fits import A_GRID, fit_size
 from scalefit.sizes.forecast import forecast_size
 from scalefit.sizes.judge import judge, read_committed
@@ -34,12 +34,12 @@ def cmd_sizes(args) -> int:
         raise FitError(f"--holdout {target!r} is not a size of {args.csv} ({', '.join(data)}); give --params N to "
                        "forecast a size that has no runs")  # fmt: skip
     if args.backtest_all and (target not in data or (reached := compute_reached(data, target)) < FINISHED_AT):
-        ran = " has no runs" if target not in data else f": its runs reach {reached:.0%} of the other sizes' compute"
+        ran = f": its runs reach {reach_text(reached)} of the others' compute" if target in data else " has no runs"
         raise FitError(f"--backtest-all: the held-out size {target!r}{ran}; it joins the backtest once its runs "
                        "have ended: leave the flag out until then")  # fmt: skip
     for name in data:
         if name != target and (reached := compute_reached(data, name)) < FINISHED_AT:
-            say(f"warning: size {name!r}'s runs reach {reached:.0%} of the other sizes' compute: its fitted A "
+            say(f"warning: size {name!r}'s runs reach {reach_text(reached)} of the other sizes' compute: its fitted A "
                 f"extrapolates a part of its curve; fit it once its runs end, or hold it out (--holdout {name}) to "
                 "compare its runs so far with the forecast")  # fmt: skip
     kw = {"level": args.level, "tolerance": args.tolerance, "a_grid": args.a_grid}

@@ -16,6 +16,11 @@ from scalefit.errors import FitError
 FINISHED_AT = 0.95  # a size whose runs reach less of the other sizes' compute is read as unfinished
 
 
+def reach_text(share: float) -> str:
+    """A share of the compute as a whole percent, rounded down: a size short of ``FINISHED_AT`` never reads 95%."""
+    return f"{int(share * 100 + 1e-9)}%"
+
+
 @dataclass
 class SizeData:
     """One size's runs: its parameter count and every evaluation (compute, value, seed, and the base-model

@@ -11,7 +11,7 @@ import numpy as np
 
 from scalefit.models.curve import sigmoid
 from scalefit.sizes.builds import builds_lines, trend_lines
-from scalefit.sizes.data import SizeData
+from scalefit.sizes.data import SizeData, reach_text
 from scalefit.sizes.forecast import SizeForecast
 from scalefit.sizes.judge import Committed
 
@@ -101,7 +101,7 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
         label = f"{name} ({d.params / 1e6:.2g}M, {d.n_builds} build{'s' if d.n_builds > 1 else ''})"
         if name == fc.name:
             a = fc.actual or {}
-            so_far = "" if a.get("finished", True) else f" so far ({a['compute_reached']:.0%} of the compute)"
+            so_far = "" if a.get("finished", True) else f" so far ({reach_text(a['compute_reached'])} of the compute)"
             ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual{so_far}", zorder=5)
             continue
         ax.plot(c, v, "o", color=color, ms=3, alpha=0.7)
@@ -137,7 +137,7 @@ def plot_judged(committed: Committed, own: SizeData, j: dict, path: str | Path) 
             cb, vb, _ = sub.mean_curve()
             ax.plot(cb, vb, ".-", lw=0.6, ms=3, alpha=0.6, label=f"build {b}")
     cm, vm, _ = own.mean_curve()
-    so_far = "" if j["finished"] else f" so far ({j['compute_reached']:.0%} of the compute)"
+    so_far = "" if j["finished"] else f" so far ({reach_text(j['compute_reached'])} of the compute)"
     ax.plot(cm, vm, "o-", color="black", ms=4, lw=1, label=f"{j['size']}: actual{so_far}", zorder=5)
     return _save(fig, ax, f"{j['size']}: the committed forecast and its runs", path)
 
