@@ -73,15 +73,15 @@ def backtest_sizes(
     kw = {k: v for k, v in kwargs.items() if k in ("level", "tolerance", "n_draws", "a_grid", "seed")}
     a_grid, seed = kw.get("a_grid", A_GRID), kw.get("seed", 0)
     fits = {k: (fits or {}).get(k) or fit_size(k, d, a_grid=a_grid, seed=seed) for k, d in data.items()}
+    ended = [k for k in data if compute_reached(data, k) >= FINISHED_AT]  # the plain rule's candidates
     rows = []
     for name in data:
         if len(data) - 1 < MIN_SIZES + 1:
             break
         fc = forecast_size(data, name, fits=fits, **kw)
         act = fc.actual or {}
-        others = [k for k in data if k != name]
-        ended = [k for k in others if compute_reached(data, k) >= FINISHED_AT] or others
-        nearest = min(ended, key=lambda k: abs(np.log(data[k].params / data[name].params)))
+        others = [k for k in ended if k != name] or [k for k in data if k != name]
+        nearest = min(others, key=lambda k: abs(np.log(data[k].params / data[name].params)))
         a_lo, a_hi = fc.interval("A")
         rows.append(
             {

@@ -119,7 +119,8 @@ def judge(committed: Committed, data: Mapping[str, SizeData], size: str | None =
         raise FitError(f"size {name!r} has no runs in the curves ({', '.join(data)}): judge the forecast once it "
                        "has run, or name its size with --size")  # fmt: skip
     own, end, rec = data[name], float(committed.compute[-1]), committed.record
-    if not (own.upto(end).compute > 0).any():
+    within = own.upto(end)
+    if not (within.compute > 0).any():
         raise FitError(f"size {name!r} has no evaluation past compute 0 within the forecast's curve (to {end:g})")
     reached = min(1.0, compute_reached(data, name, at_least=end))
     median = (committed.compute, np.asarray(rec["curve"]["median"], float))
@@ -130,7 +131,7 @@ def judge(committed: Committed, data: Mapping[str, SizeData], size: str | None =
         "size": name,
         "committed": {k: rec.get(k) for k in ("A", "A_interval", "level", "predictable", "reasons")},
         "one_build_band": committed.one_build is not None,
-        "beyond_forecast": len(own.compute) - len(own.upto(end).compute),
+        "beyond_forecast": len(own.compute) - len(within.compute),
         "warnings": _mismatches(rec, own),
         **actual,
     }

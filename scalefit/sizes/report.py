@@ -100,9 +100,7 @@ def plot_sizes(data: Mapping[str, SizeData], fc: SizeForecast, path: str | Path)
         c, v, _ = d.mean_curve()
         label = f"{name} ({d.params / 1e6:.2g}M, {d.n_builds} build{'s' if d.n_builds > 1 else ''})"
         if name == fc.name:
-            a = fc.actual or {}
-            so_far = "" if a.get("finished", True) else f" so far ({reach_text(a['compute_reached'])} of the compute)"
-            ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual{so_far}", zorder=5)
+            ax.plot(c, v, "o-", color="crimson", ms=4, lw=1, label=f"{label}: actual{_so_far(fc.actual)}", zorder=5)
             continue
         ax.plot(c, v, "o", color=color, ms=3, alpha=0.7)
         f = by_name.get(name)
@@ -137,9 +135,15 @@ def plot_judged(committed: Committed, own: SizeData, j: dict, path: str | Path) 
             cb, vb, _ = sub.mean_curve()
             ax.plot(cb, vb, ".-", lw=0.6, ms=3, alpha=0.6, label=f"build {b}")
     cm, vm, _ = own.mean_curve()
-    so_far = "" if j["finished"] else f" so far ({reach_text(j['compute_reached'])} of the compute)"
-    ax.plot(cm, vm, "o-", color="black", ms=4, lw=1, label=f"{j['size']}: actual{so_far}", zorder=5)
+    ax.plot(cm, vm, "o-", color="black", ms=4, lw=1, label=f"{j['size']}: actual{_so_far(j)}", zorder=5)
     return _save(fig, ax, f"{j['size']}: the committed forecast and its runs", path)
+
+
+def _so_far(a: dict | None) -> str:
+    """A plot label's note on runs compared before they ended (``against_actual``'s record), else nothing."""
+    if not a or a.get("finished", True):
+        return ""
+    return f" so far ({reach_text(a['compute_reached'])} of the compute)"
 
 
 def _pyplot():
